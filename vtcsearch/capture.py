@@ -1,0 +1,231 @@
+"""Capture: ``nn.Module`` + example inputs -> ATen-level FX graph -> :class:`TensorGraph`.
+
+``torch.export`` traces the module with fake tensors, so a model built on the
+``meta`` device (an 8B-parameter layer without its weights) captures in seconds.
+Decompositions bring the graph to core ATen, except for the data movement ops
+the registry knows, which are kept whole so each stays one VTOG op.  Buffers
+the module mutates (a KV cache) come back from export as extra outputs; they
+become *writeback* movement ops into the buffer's own storage, which a strategy
+can make free by updating the cache in place.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+
+from . import ops as movement
+from .graph import BUFFER, CONSTANT, INPUT, PARAMETER, OpNode, TensorGraph, TensorInfo
+from .mapping import IndexMap
+from .ops import Movement, OpCall, TensorArg
+
+aten = torch.ops.aten
+
+MATMUL = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
+CONV = {aten.convolution.default}
+ATTENTION = {getattr(aten, n).default for n in ("_scaled_dot_product_flash_attention",
+                                                "_scaled_dot_product_efficient_attention",
+                                                "_scaled_dot_product_cudnn_attention",
+                                                "_scaled_dot_product_flash_attention_for_cpu")
+             if hasattr(aten, n)}
+REDUCTION = {aten._softmax.default, aten._log_softmax.default, aten.sum.dim_IntList, aten.mean.dim,
+             aten.amax.default, aten.amin.default, aten.var_mean.correction, aten.var.correction,
+             aten.native_layer_norm.default, aten.argmax.default, aten.prod.dim_int, aten.sum.default,
+             aten.mean.default, aten.max.dim, aten.min.dim}
+OTHER_COMPUTE = {aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default,
+                 aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
+                 aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+                 aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default,
+                 aten.cumsum.default, aten.arange.start_step, aten.arange.default, aten.full.default,
+                 aten.scalar_tensor.default, aten.empty.memory_format, aten.zeros.default, aten.ones.default,
+                 aten.rand.default, aten.randn.default, aten.tril.default, aten.triu.default,
+                 aten.topk.default, aten.sort.default, aten.index_add.default, aten.index_put.default,
+                 aten.scatter_add.default, aten.embedding_dense_backward.default, aten.linspace.default}
+
+
+class CaptureError(RuntimeError):
+    """The model could not be traced; the message says what to change."""
+
+
+def export(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.export.ExportedProgram:
+    """Export to core ATen, keeping the registry's data movement ops whole."""
+    try:
+        ep = torch.export.export(model.eval(), tuple(example_inputs))
+    except Exception as e:  # torch raises many kinds; keep the first line, it names the construct
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CaptureError(f"torch.export could not trace {type(model).__name__}: {first}") from e
+    table = torch.export.default_decompositions()
+    for op in movement.REGISTRY.values():
+        for t in op.aten:
+            table.pop(t, None)
+    return ep.run_decompositions(table)
+
+
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> TensorGraph:
+    """Trace ``model`` and classify every op as compute or data movement."""
+    return from_exported(export(model, example_inputs))
+
+
+def _category(target: Any) -> str | None:
+    if target in MATMUL:
+        return "matmul"
+    if target in CONV:
+        return "conv"
+    if target in ATTENTION:
+        return "attention"
+    if target in REDUCTION:
+        return "reduction"
+    tags = getattr(target, "tags", ())
+    if torch.Tag.pointwise in tags:
+        return "pointwise"
+    if target in OTHER_COMPUTE:
+        return "other"
+    return None
+
+
+def _val_info(name: str, val: Any, kind: str) -> TensorInfo:
+    if not isinstance(val, torch.Tensor):
+        raise CaptureError(f"graph value {name!r} is a {type(val).__name__}, expected a tensor")
+    shape = tuple(int(s) for s in val.shape)
+    try:
+        strides = tuple(int(s) for s in val.stride())
+    except Exception:
+        from .mapping import contiguous_strides
+        strides = contiguous_strides(shape)
+    return TensorInfo(name, shape, val.dtype, strides, kind=kind)
+
+
+def _bind(target: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Schema argument name -> value for an ATen call."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return {f"arg{k}": a for k, a in enumerate(args)} | dict(kwargs)
+    out: dict[str, Any] = {}
+    for k, arg in enumerate(schema.arguments):
+        if k < len(args):
+            out[arg.name] = args[k]
+        elif arg.name in kwargs:
+            out[arg.name] = kwargs[arg.name]
+        elif arg.has_default_value():
+            out[arg.name] = arg.default_value
+    return out
+
+
+def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
+    """Build a TensorGraph from an exported program (already decomposed)."""
+    g = TensorGraph()
+    g.exported = ep
+    sig = ep.graph_signature
+    kinds = {}
+    for spec in sig.input_specs:
+        if spec.kind == InputKind.PARAMETER:
+            kinds[spec.arg.name] = PARAMETER
+        elif spec.kind == InputKind.BUFFER:
+            kinds[spec.arg.name] = BUFFER
+        elif spec.kind in (InputKind.CONSTANT_TENSOR,):
+            kinds[spec.arg.name] = CONSTANT
+        else:
+            kinds[spec.arg.name] = INPUT
+    buffer_of = {spec.arg.name: spec.target for spec in sig.input_specs if spec.kind == InputKind.BUFFER}
+    placeholder_of_buffer = {v: k for k, v in buffer_of.items()}
+
+    value: dict[str, str | list[str]] = {}   # fx node name -> tensor name(s)
+    for node in ep.graph.nodes:
+        if node.op == "placeholder":
+            val = node.meta.get("val")
+            if not isinstance(val, torch.Tensor):
+                continue  # a specialised Python scalar
+            t = g.add_tensor(_val_info(node.name, val, kinds.get(node.name, INPUT)))
+            if t.kind == INPUT:
+                g.inputs.append(t.name)
+            value[node.name] = t.name
+        elif node.op == "call_function":
+            if node.target is operator.getitem:
+                continue  # multi-output ops name their outputs through getitem users below
+            _add_call(g, node, value)
+        elif node.op == "output":
+            outs = node.args[0]
+            for spec, arg in zip(sig.output_specs, outs):
+                name = getattr(arg, "name", None)
+                if name is None or name not in value:
+                    continue
+                t = value[name]
+                if spec.kind == OutputKind.BUFFER_MUTATION:
+                    buf = placeholder_of_buffer[spec.target]
+                    _add_writeback(g, t, buf)
+                elif spec.kind == OutputKind.USER_OUTPUT:
+                    g.tensors[t].is_output = True
+                    g.outputs.append(t)
+    g.fuse()
+    return g
+
+
+def _add_call(g: TensorGraph, node: torch.fx.Node, value: dict) -> None:
+    target = node.target
+    val = node.meta.get("val")
+    # outputs: one tensor, or a tuple whose used elements appear as getitem nodes
+    if isinstance(val, (tuple, list)):
+        getitems = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        out_names = []
+        for k, v in enumerate(val):
+            if not isinstance(v, torch.Tensor):
+                continue
+            name = getitems[k].name if k in getitems else f"{node.name}__{k}"
+            g.add_tensor(_val_info(name, v, "intermediate"))
+            out_names.append(name)
+            if k in getitems:
+                value[getitems[k].name] = name
+        outputs = out_names
+    elif isinstance(val, torch.Tensor):
+        g.add_tensor(_val_info(node.name, val, "intermediate"))
+        value[node.name] = node.name
+        outputs = [node.name]
+    else:
+        return  # ops with no tensor result (asserts, metadata checks)
+
+    inputs: list[str] = []
+
+    def to_arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            if a.name not in value:
+                return a.meta.get("val")  # a scalar (SymInt) argument
+            inputs.append(value[a.name])
+            return TensorArg(len(inputs) - 1)
+        if isinstance(a, (list, tuple)):
+            return type(a)(to_arg(x) for x in a)
+        return a
+
+    args = tuple(to_arg(a) for a in node.args)
+    kwargs = {k: to_arg(v) for k, v in node.kwargs.items()}
+    op = OpNode(node.name, target, "compute", inputs, outputs, node=node)
+    entry = movement.lookup_op(target)
+    if entry is not None:
+        call = OpCall(target, _bind(target, args, kwargs),
+                      [g.tensors[t].shape for t in inputs], [g.tensors[t].shape for t in outputs],
+                      [g.tensors[t].dtype for t in inputs], [g.tensors[t].dtype for t in outputs])
+        mv = entry.rule(call)
+        if mv is not None:
+            op.kind, op.movement, op.movement_op, op.call, op.category = "movement", mv, entry, call, "movement"
+    if op.kind == "compute":
+        cat = _category(target)
+        if cat is None:
+            g.unclassified[op.target_name] += 1
+            cat = "other"
+        op.category = cat
+    g.add_op(op)
+
+
+def _add_writeback(g: TensorGraph, new_value: str, buffer: str) -> None:
+    """The program's final value of a buffer must land in the buffer's storage."""
+    buf = g.tensors[buffer]
+    buf.mutable = True
+    after = g.add_tensor(TensorInfo(f"{buffer}__after", buf.shape, buf.dtype, buf.strides,
+                                    kind="intermediate", is_output=True, storage=buffer))
+    src = g.tensors[new_value]
+    mv = Movement(outputs=[IndexMap.identity(src.shape, "in0")],
+                  inverse=[(0, 0, IndexMap.identity(src.shape, "out0"))])
+    g.mutations[new_value] = buffer
+    g.add_op(OpNode(f"writeback_{buffer}", "writeback", "movement", [new_value], [after.name],
+                    category="movement", movement=mv))

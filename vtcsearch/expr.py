@@ -1,0 +1,477 @@
+"""Integer index expressions: the language mapping functions are written in.
+
+An :class:`Expr` is a linear combination of *atoms* plus a constant.  Atoms are
+index variables (:class:`Var`), runtime scalars such as a decode position
+(:class:`Sym`), floor division and modulo by a positive constant (what reshapes
+produce), and reads of a runtime index tensor (:class:`Lookup`, what Gather and
+paged KV caches produce).  Keeping the linear part explicit makes the questions
+the compiler asks cheap: is a map affine, what is the coefficient of the
+innermost index, do two maps agree.
+
+Range-dependent rewrites (``(x % n) -> x`` when ``0 <= x < n``) need the ranges
+of the index variables, so they live in :func:`simplify`, not in the operators.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping
+
+import numpy as np
+
+Ranges = Mapping[str, tuple[int, int]]  # var name -> inclusive (lo, hi)
+
+
+class Atom:
+    """A non-linear leaf of an expression; subclasses are frozen dataclasses."""
+
+    def key(self) -> str:
+        return repr(self)
+
+
+@dataclass(frozen=True, repr=False)
+class Var(Atom):
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, repr=False)
+class Sym(Atom):
+    """A runtime integer scalar (kernel argument) with known bounds."""
+
+    name: str
+    lo: int
+    hi: int
+
+    def __repr__(self) -> str:
+        return f"${self.name}"
+
+
+@dataclass(frozen=True, repr=False)
+class FloorDiv(Atom):
+    arg: "Expr"
+    div: int
+
+    def __repr__(self) -> str:
+        return f"({self.arg!r} // {self.div})"
+
+
+@dataclass(frozen=True, repr=False)
+class Mod(Atom):
+    arg: "Expr"
+    div: int
+
+    def __repr__(self) -> str:
+        return f"({self.arg!r} % {self.div})"
+
+
+@dataclass(frozen=True, repr=False)
+class Lookup(Atom):
+    """``table[index...]``: an element of a runtime integer tensor, in [lo, hi]."""
+
+    table: str
+    index: tuple["Expr", ...]
+    lo: int
+    hi: int
+
+    def __repr__(self) -> str:
+        return f"{self.table}[{', '.join(map(repr, self.index))}]"
+
+
+class Expr:
+    """``const + sum(coef * atom)``; immutable and hashable."""
+
+    __slots__ = ("terms", "const", "_hash")
+
+    def __init__(self, terms: Mapping[Atom, int] | None = None, const: int = 0):
+        items = sorted(((a, c) for a, c in (terms or {}).items() if c != 0), key=lambda t: t[0].key())
+        self.terms: tuple[tuple[Atom, int], ...] = tuple(items)
+        self.const = int(const)
+        self._hash = hash((self.terms, self.const))
+
+    # -- construction -------------------------------------------------------
+    @staticmethod
+    def lift(x: "Expr | Atom | int") -> "Expr":
+        if isinstance(x, Expr):
+            return x
+        if isinstance(x, Atom):
+            return Expr({x: 1})
+        if isinstance(x, (int, np.integer)):
+            return Expr(const=int(x))
+        raise TypeError(f"cannot use {type(x).__name__} in an index expression")
+
+    def __add__(self, other) -> "Expr":
+        o = Expr.lift(other)
+        terms = dict(self.terms)
+        for a, c in o.terms:
+            terms[a] = terms.get(a, 0) + c
+        return Expr(terms, self.const + o.const)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> "Expr":
+        return self * -1
+
+    def __sub__(self, other) -> "Expr":
+        return self + (-Expr.lift(other))
+
+    def __rsub__(self, other) -> "Expr":
+        return Expr.lift(other) - self
+
+    def __mul__(self, k) -> "Expr":
+        if isinstance(k, Expr):
+            if k.is_const():
+                k = k.const
+            elif self.is_const():
+                return k * self.const
+            else:
+                raise ValueError(f"index expressions are linear: cannot multiply {self} by {k}")
+        k = int(k)
+        return Expr({a: c * k for a, c in self.terms}, self.const * k)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, d: int) -> "Expr":
+        d = int(d)
+        if d <= 0:
+            raise ValueError("division by a non-positive constant")
+        if d == 1:
+            return self
+        # floor((d*q + r) / d) == q + floor(r / d) for integers: pull out multiples of d.
+        q_terms = {a: c // d for a, c in self.terms if c % d == 0}
+        rest = Expr({a: c for a, c in self.terms if c % d != 0}, self.const % d)
+        q = Expr(q_terms, self.const // d)
+        if rest.is_const():
+            return q + rest.const // d
+        if not rest.terms and rest.const == 0:
+            return q
+        return q + _floordiv_atom(rest, d)
+
+    def __mod__(self, d: int) -> "Expr":
+        d = int(d)
+        if d <= 0:
+            raise ValueError("modulo by a non-positive constant")
+        if d == 1:
+            return Expr()
+        rest = Expr({a: c % d for a, c in self.terms if c % d != 0}, self.const % d)
+        if rest.is_const():
+            return Expr(const=rest.const % d)
+        return Expr({_mod_atom(rest, d): 1})
+
+    # -- queries ------------------------------------------------------------
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def coef(self, atom: Atom) -> int:
+        for a, c in self.terms:
+            if a == atom:
+                return c
+        return 0
+
+    def atoms(self) -> Iterable[Atom]:
+        return (a for a, _ in self.terms)
+
+    def free_vars(self) -> set[str]:
+        out: set[str] = set()
+        for a in self.atoms():
+            if isinstance(a, Var):
+                out.add(a.name)
+            elif isinstance(a, (FloorDiv, Mod)):
+                out |= a.arg.free_vars()
+            elif isinstance(a, Lookup):
+                for e in a.index:
+                    out |= e.free_vars()
+        return out
+
+    def is_affine(self) -> bool:
+        """Linear in index variables and runtime scalars (no div/mod/lookup)."""
+        return all(isinstance(a, (Var, Sym)) for a in self.atoms())
+
+    def has_lookup(self) -> bool:
+        for a in self.atoms():
+            if isinstance(a, Lookup):
+                return True
+            if isinstance(a, (FloorDiv, Mod)) and a.arg.has_lookup():
+                return True
+        return False
+
+    def syms(self) -> set[Sym]:
+        out: set[Sym] = set()
+        for a in self.atoms():
+            if isinstance(a, Sym):
+                out.add(a)
+            elif isinstance(a, (FloorDiv, Mod)):
+                out |= a.arg.syms()
+            elif isinstance(a, Lookup):
+                for e in a.index:
+                    out |= e.syms()
+        return out
+
+    def lookups(self) -> set[Lookup]:
+        out: set[Lookup] = set()
+        for a in self.atoms():
+            if isinstance(a, Lookup):
+                out.add(a)
+                for e in a.index:
+                    out |= e.lookups()
+            elif isinstance(a, (FloorDiv, Mod)):
+                out |= a.arg.lookups()
+        return out
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (int, np.integer)):
+            return self.is_const() and self.const == other
+        return isinstance(other, Expr) and self.terms == other.terms and self.const == other.const
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __repr__(self) -> str:
+        parts = []
+        for a, c in self.terms:
+            parts.append(repr(a) if c == 1 else f"{c}*{a!r}")
+        if self.const or not parts:
+            parts.append(str(self.const))
+        return " + ".join(parts)
+
+    # -- transformation -----------------------------------------------------
+    def subs(self, env: Mapping[str, "Expr"]) -> "Expr":
+        """Replace index variables by expressions (composition of maps)."""
+        out = Expr(const=self.const)
+        for a, c in self.terms:
+            out = out + _subs_atom(a, env) * c
+        return out
+
+    def map_atoms(self, fn: Callable[[Atom], "Expr"]) -> "Expr":
+        out = Expr(const=self.const)
+        for a, c in self.terms:
+            out = out + fn(a) * c
+        return out
+
+
+def _floordiv_atom(e: Expr, d: int) -> Expr:
+    # (x // a) // b == x // (a*b)
+    if e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1 and isinstance(e.terms[0][0], FloorDiv):
+        inner = e.terms[0][0]
+        return Expr({FloorDiv(inner.arg, inner.div * d): 1})
+    return Expr({FloorDiv(e, d): 1})
+
+
+def _mod_atom(e: Expr, d: int) -> Atom:
+    # (x % (a*b)) % a == x % a
+    if e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1 and isinstance(e.terms[0][0], Mod):
+        inner = e.terms[0][0]
+        if inner.div % d == 0:
+            return Mod(inner.arg, d)
+    return Mod(e, d)
+
+
+def _subs_atom(a: Atom, env: Mapping[str, Expr]) -> Expr:
+    if isinstance(a, Var):
+        return env[a.name] if a.name in env else Expr({a: 1})
+    if isinstance(a, FloorDiv):
+        return a.arg.subs(env) // a.div
+    if isinstance(a, Mod):
+        return a.arg.subs(env) % a.div
+    if isinstance(a, Lookup):
+        return Expr({Lookup(a.table, tuple(e.subs(env) for e in a.index), a.lo, a.hi): 1})
+    return Expr({a: 1})
+
+
+def var(name: str) -> Expr:
+    return Expr({Var(name): 1})
+
+
+def sym(name: str, lo: int, hi: int) -> Expr:
+    return Expr({Sym(name, lo, hi): 1})
+
+
+def const(c: int) -> Expr:
+    return Expr(const=c)
+
+
+def lookup(table: str, index: Iterable[Expr], lo: int, hi: int) -> Expr:
+    return Expr({Lookup(table, tuple(Expr.lift(i) for i in index), lo, hi): 1})
+
+
+# ---------------------------------------------------------------------------
+# bounds and range-aware simplification
+# ---------------------------------------------------------------------------
+
+def bounds(e: Expr, ranges: Ranges) -> tuple[int, int]:
+    """Inclusive interval containing every value of ``e`` over ``ranges``."""
+    lo = hi = e.const
+    for a, c in e.terms:
+        alo, ahi = atom_bounds(a, ranges)
+        if c >= 0:
+            lo, hi = lo + c * alo, hi + c * ahi
+        else:
+            lo, hi = lo + c * ahi, hi + c * alo
+    return lo, hi
+
+
+def atom_bounds(a: Atom, ranges: Ranges) -> tuple[int, int]:
+    if isinstance(a, Var):
+        if a.name not in ranges:
+            raise KeyError(f"no range for index variable {a.name}")
+        return ranges[a.name]
+    if isinstance(a, (Sym, Lookup)):
+        return a.lo, a.hi
+    if isinstance(a, FloorDiv):
+        lo, hi = bounds(a.arg, ranges)
+        return lo // a.div, hi // a.div
+    if isinstance(a, Mod):
+        lo, hi = bounds(a.arg, ranges)
+        if 0 <= lo and hi < a.div:
+            return lo, hi
+        if lo // a.div == hi // a.div:  # no wrap-around inside the interval
+            return lo % a.div, hi % a.div
+        return 0, a.div - 1
+    raise TypeError(a)
+
+
+def simplify(e: Expr, ranges: Ranges) -> Expr:
+    """Rewrite div/mod atoms using the ranges of the index variables.
+
+    Rules: ``x // d -> 0`` and ``x % d -> x`` when ``0 <= x < d``;
+    ``x // d -> q`` when ``x = d*q + r`` with ``0 <= r < d``;
+    ``c*(x % a) + c*a*((x // a) % b) -> c*(x % (a*b))`` and
+    ``c*(x % a) + c*a*(x // a) -> c*x`` (re-merging dimensions a reshape split).
+    """
+    prev = None
+    cur = e
+    for _ in range(8):
+        if cur == prev:
+            break
+        prev = cur
+        cur = cur.map_atoms(lambda a: _simplify_atom(a, ranges))
+        cur = _merge_divmod(cur)
+    return cur
+
+
+def _simplify_atom(a: Atom, ranges: Ranges) -> Expr:
+    if isinstance(a, (FloorDiv, Mod)):
+        arg = simplify(a.arg, ranges)
+        lo, hi = bounds(arg, ranges)
+        if isinstance(a, FloorDiv):
+            if lo // a.div == hi // a.div:
+                return Expr(const=lo // a.div)
+            # split arg into multiples of d (q) and a remainder r with 0 <= r < d
+            q_terms = {x: c // a.div for x, c in arg.terms if c % a.div == 0}
+            r = Expr({x: c for x, c in arg.terms if c % a.div != 0}, arg.const % a.div)
+            rlo, rhi = bounds(r, ranges)
+            if 0 <= rlo and rhi < a.div:
+                return Expr(q_terms, arg.const // a.div)
+            return arg // a.div
+        if 0 <= lo and hi < a.div:
+            return arg
+        if lo // a.div == hi // a.div:
+            return arg - (lo // a.div) * a.div
+        return arg % a.div
+    if isinstance(a, Lookup):
+        return Expr({Lookup(a.table, tuple(simplify(i, ranges) for i in a.index), a.lo, a.hi): 1})
+    return Expr({a: 1})
+
+
+def _merge_divmod(e: Expr) -> Expr:
+    terms, const = dict(e.terms), e.const
+    while (hit := _find_merge(terms)) is not None:
+        remove, add = hit
+        for a in remove:
+            del terms[a]
+        for a, c in add.terms:
+            terms[a] = terms.get(a, 0) + c
+        const += add.const
+        terms = {a: c for a, c in terms.items() if c}
+    return Expr(terms, const)
+
+
+def _find_merge(terms: dict[Atom, int]) -> tuple[list[Atom], Expr] | None:
+    for m, cm in terms.items():
+        if not isinstance(m, Mod):
+            continue
+        fd = FloorDiv(m.arg, m.div)
+        if terms.get(fd) == cm * m.div:            # c*(x % a) + c*a*(x // a) -> c*x
+            return [m, fd], m.arg * cm
+        for other, co in terms.items():            # c*(x % a) + c*a*((x // a) % b) -> c*(x % ab)
+            if isinstance(other, Mod) and co == cm * m.div and other.arg == Expr({fd: 1}):
+                return [m, other], Expr({Mod(m.arg, m.div * other.div): cm})
+    return None
+
+
+# ---------------------------------------------------------------------------
+# evaluation and code generation
+# ---------------------------------------------------------------------------
+
+def evaluate(e: Expr, env: Mapping[str, np.ndarray | int],
+             tables: Mapping[str, np.ndarray] | None = None) -> np.ndarray | int:
+    """Evaluate on (broadcastable) integer arrays; ``env`` holds vars and syms by name."""
+    out = e.const
+    for a, c in e.terms:
+        out = out + c * _eval_atom(a, env, tables or {})
+    return out
+
+
+def _eval_atom(a: Atom, env, tables):
+    # written with Python operators so it runs on NumPy arrays and on torch tensors alike
+    if isinstance(a, (Var, Sym)):
+        if a.name not in env:
+            kind = "index variable" if isinstance(a, Var) else "runtime scalar"
+            raise KeyError(f"no value for {kind} {a.name!r}")
+        return env[a.name]
+    if isinstance(a, FloorDiv):
+        return evaluate(a.arg, env, tables) // a.div
+    if isinstance(a, Mod):
+        return evaluate(a.arg, env, tables) % a.div
+    if isinstance(a, Lookup):
+        if a.table not in tables:
+            raise KeyError(f"no index tensor {a.table!r} for an indirect map")
+        t = tables[a.table]
+        idx = [evaluate(i, env, tables) for i in a.index]
+        if isinstance(t, np.ndarray) or not hasattr(t, "clamp"):
+            t = np.asarray(t)
+            idx = np.broadcast_arrays(*[np.asarray(i) for i in idx]) if idx else idx
+            return t[tuple(np.clip(i, 0, s - 1) for i, s in zip(idx, t.shape))].astype(np.int64)
+        import torch
+        idx = torch.broadcast_tensors(*[torch.as_tensor(i, device=t.device) for i in idx]) if idx else idx
+        return t[tuple(i.clamp(0, s - 1) for i, s in zip(idx, t.shape))].long()
+    raise TypeError(a)
+
+
+@dataclass
+class TritonNames:
+    """How the atoms of an expression are spelled in a Triton kernel."""
+
+    vars: Mapping[str, str]                       # index var -> code (a tl tensor or scalar)
+    syms: Mapping[str, str]                       # runtime scalar -> kernel argument
+    tables: Mapping[str, tuple[str, tuple[int, ...]]]  # index tensor -> (pointer arg, strides)
+    mask: str | None = None                       # lanes allowed to read index tensors
+
+
+def to_triton(e: Expr, names: TritonNames) -> str:
+    """Spell ``e`` as Triton code; all indices are non-negative, so ``//`` and ``%`` agree with floor."""
+    parts = []
+    for a, c in e.terms:
+        s = _atom_code(a, names)
+        parts.append(s if c == 1 else f"({c}) * {s}")
+    if e.const or not parts:
+        parts.append(f"({e.const})")
+    return "(" + " + ".join(parts) + ")"
+
+
+def _atom_code(a: Atom, names: TritonNames) -> str:
+    if isinstance(a, Var):
+        return names.vars[a.name]
+    if isinstance(a, Sym):
+        return names.syms[a.name]
+    if isinstance(a, FloorDiv):
+        return f"({to_triton(a.arg, names)} // {a.div})"
+    if isinstance(a, Mod):
+        return f"({to_triton(a.arg, names)} % {a.div})"
+    if isinstance(a, Lookup):
+        ptr, strides = names.tables[a.table]
+        off = " + ".join(f"{to_triton(i, names)} * {s}" for i, s in zip(a.index, strides)) or "0"
+        mask = f", mask={names.mask}, other=0" if names.mask else ""
+        return f"tl.load({ptr} + ({off}){mask}).to(tl.int64)"
+    raise TypeError(a)

@@ -1,0 +1,194 @@
+"""TensorGraph: the captured program as tensors and ops, each op either compute or data movement.
+
+This is the compiler's view of a model after capture (:mod:`vtcsearch.capture`):
+every tensor with its shape, dtype, strides and size; every op classified by the
+movement registry (:mod:`vtcsearch.ops`) as data movement or compute; compute ops
+grouped into kernels the way a fusing compiler would (pointwise ops join the
+kernel that produces their input).  Graph inputs and outputs, parameters and
+mutated buffers (a KV cache) are marked, since they must stay physical.
+"""
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .ops import Movement, MovementOp, OpCall
+
+# what a tensor is, for deciding whether it may be virtual or written
+PARAMETER, BUFFER, INPUT, CONSTANT, INTERMEDIATE = "parameter", "buffer", "input", "constant", "intermediate"
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    strides: tuple[int, ...]
+    kind: str = INTERMEDIATE
+    producer: str | None = None
+    consumers: list[str] = field(default_factory=list)
+    is_output: bool = False
+    storage: str = ""          # the storage this tensor owns when physical ("" = its own name)
+    mutable: bool = False      # a buffer the program writes (its storage is writable)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def itemsize(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    @property
+    def is_graph_input(self) -> bool:
+        return self.kind != INTERMEDIATE
+
+    @property
+    def physical_only(self) -> bool:
+        """Graph inputs and outputs are real tensors the caller owns."""
+        return self.is_graph_input or self.is_output
+
+    @property
+    def read_only(self) -> bool:
+        """Storage the program must not write: parameters, user inputs, constants, unmutated buffers."""
+        return self.is_graph_input and not self.mutable
+
+    @property
+    def storage_name(self) -> str:
+        return self.storage or self.name
+
+
+@dataclass
+class OpNode:
+    name: str
+    target: Any
+    kind: str                            # "movement" | "compute"
+    inputs: list[str]                    # tensor inputs, in order
+    outputs: list[str]
+    category: str = "other"              # compute: matmul | conv | attention | reduction | pointwise | other
+    movement: Movement | None = None     # the registry's description (movement ops)
+    movement_op: MovementOp | None = None
+    call: OpCall | None = None
+    kernel: str | None = None            # compute kernel (fusion group) this op belongs to
+    node: Any = None                     # the torch.fx node
+
+    @property
+    def target_name(self) -> str:
+        return _target_name(self.target)
+
+
+def _target_name(target: Any) -> str:
+    if isinstance(target, str):
+        return target
+    return getattr(target, "__name__", None) or str(target)
+
+
+class TensorGraph:
+    """Tensors and ops of a captured program, in execution order."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, TensorInfo] = {}
+        self.ops: dict[str, OpNode] = {}
+        self.inputs: list[str] = []            # user inputs, in call order
+        self.outputs: list[str] = []           # user outputs, in return order
+        self.mutations: dict[str, str] = {}    # new value -> buffer it is written back to
+        self.unclassified: Counter[str] = Counter()
+        self.exported: Any = None              # torch.export.ExportedProgram, when captured
+
+    # -- building -----------------------------------------------------------
+    def add_tensor(self, t: TensorInfo) -> TensorInfo:
+        if t.name in self.tensors:
+            raise ValueError(f"tensor {t.name!r} defined twice")
+        self.tensors[t.name] = t
+        return t
+
+    def add_op(self, op: OpNode) -> OpNode:
+        if op.name in self.ops:
+            raise ValueError(f"op {op.name!r} defined twice")
+        for t in op.inputs:
+            self.tensors[t].consumers.append(op.name)
+        for t in op.outputs:
+            self.tensors[t].producer = op.name
+        self.ops[op.name] = op
+        return op
+
+    # -- queries ------------------------------------------------------------
+    def movement_ops(self) -> list[OpNode]:
+        return [o for o in self.ops.values() if o.kind == "movement"]
+
+    def compute_ops(self) -> list[OpNode]:
+        return [o for o in self.ops.values() if o.kind == "compute"]
+
+    def order(self) -> dict[str, int]:
+        """Execution step of each op."""
+        return {name: k for k, name in enumerate(self.ops)}
+
+    def kernels(self) -> dict[str, list[str]]:
+        """Compute kernel -> its ops, in order."""
+        out: dict[str, list[str]] = {}
+        for o in self.compute_ops():
+            out.setdefault(o.kernel or o.name, []).append(o.name)
+        return out
+
+    def kernel_io(self, kernel: str) -> tuple[list[str], list[str]]:
+        """Tensors a kernel reads from and writes to global memory."""
+        ops = set(self.kernels()[kernel])
+        ins, outs = [], []
+        for name in self.kernels()[kernel]:
+            o = self.ops[name]
+            for t in o.inputs:
+                p = self.tensors[t].producer
+                if (p not in ops) and t not in ins:
+                    ins.append(t)
+            for t in o.outputs:
+                info = self.tensors[t]
+                if info.is_output or any(c not in ops for c in info.consumers) or t in self.mutations:
+                    outs.append(t)
+        return ins, outs
+
+    def fuse(self) -> None:
+        """Group compute ops into kernels: a pointwise op joins its producer's kernel.
+
+        It joins when its first input comes from a compute op whose output nothing
+        else reads: the usual vertical fusion of an epilogue (bias, activation,
+        residual add) into the kernel before it.
+        """
+        for o in self.ops.values():
+            if o.kind != "compute":
+                continue
+            o.kernel = o.name
+            if o.category != "pointwise" or not o.inputs:
+                continue
+            for t in o.inputs:
+                info = self.tensors[t]
+                p = self.ops.get(info.producer) if info.producer else None
+                if p is not None and p.kind == "compute" and len(info.consumers) == 1 and not info.is_output \
+                        and t not in self.mutations and info.numel == self.tensors[o.outputs[0]].numel:
+                    o.kernel = p.kernel
+                    break
+
+    def summary(self) -> dict[str, Any]:
+        mv = self.movement_ops()
+        return {
+            "tensors": len(self.tensors),
+            "ops": len(self.ops),
+            "movement_ops": len(mv),
+            "compute_ops": len(self.compute_ops()),
+            "kernels": len(self.kernels()),
+            "movement_by_onnx": dict(Counter(o.movement_op.onnx for o in mv if o.movement_op)),
+            "unclassified": dict(self.unclassified),
+            "parameter_bytes": sum(t.nbytes for t in self.tensors.values() if t.kind == PARAMETER),
+        }
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        return (f"TensorGraph({s['tensors']} tensors, {s['compute_ops']} compute ops in {s['kernels']} kernels, "
+                f"{s['movement_ops']} movement ops)")

@@ -1,0 +1,544 @@
+"""IndexMap: the mapping function of a virtual tensor.
+
+A virtual tensor of shape ``S`` owns no memory.  Its :class:`IndexMap` sends
+each index ``i`` of ``S`` to an element of another tensor: ``(target, j(i))``.
+The map is *piecewise*: a Concat output sends one slab of its index space to
+each input.  A piece is a box ``region`` of the virtual index space (optionally
+narrowed by extra predicates ``conds``), the name of the tensor it lands in, and
+one index expression per dimension of that tensor.  A piece may instead hold a
+constant (the border of a Pad).
+
+Maps compose (``F_outer ∘ F_base``) by substituting the base map's variables,
+so a chain of data movement ops collapses into one map straight into physical
+memory.  Everything the compiler asks of a map is answered here: is it affine,
+how long are its contiguous runs, is it injective (required for writes), and
+the Triton code that loads or stores through it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .expr import Expr, Sym, TritonNames, Var, bounds, evaluate, simplify, to_triton, var
+
+Region = tuple[tuple[int, int], ...]
+Cond = tuple[Expr, int, int]  # lo <= expr < hi
+
+
+def index_vars(ndim: int) -> list[Expr]:
+    """The variables a map over an ``ndim``-dimensional tensor is written in."""
+    return [var(f"i{k}") for k in range(ndim)]
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for s in reversed(shape):
+        strides.append(acc)
+        acc *= max(int(s), 1)
+    return tuple(reversed(strides))
+
+
+def full_region(shape: Sequence[int]) -> Region:
+    return tuple((0, int(s)) for s in shape)
+
+
+def region_size(region: Region) -> int:
+    return math.prod(max(hi - lo, 0) for lo, hi in region)
+
+
+def region_intersect(a: Region, b: Region) -> Region | None:
+    out = tuple((max(al, bl), min(ah, bh)) for (al, ah), (bl, bh) in zip(a, b))
+    return None if any(lo >= hi for lo, hi in out) else out
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One region of a virtual tensor and where it lands."""
+
+    target: str | None                 # tensor the region maps into; None for a constant piece
+    region: Region                     # box [lo, hi) per virtual dimension
+    index: tuple[Expr, ...]            # the target's index, written in i0..i{n-1}
+    conds: tuple[Cond, ...] = ()       # extra predicates narrowing the box
+    fill: float | None = None          # value of a constant piece
+
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        return {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(self.region)}
+
+    def offset(self, strides: Sequence[int], storage_offset: int = 0) -> Expr:
+        """Flat element offset into a target laid out with ``strides``."""
+        off = Expr(const=storage_offset)
+        for e, s in zip(self.index, strides):
+            off = off + e * int(s)
+        return simplify(off, self.ranges())
+
+
+class IndexMap:
+    """Piecewise map from a virtual tensor's index space into other tensors."""
+
+    def __init__(self, shape: Sequence[int], pieces: Iterable[Piece],
+                 target_shapes: Mapping[str, Sequence[int]]):
+        self.shape = tuple(int(s) for s in shape)
+        self.target_shapes = {k: tuple(int(x) for x in v) for k, v in target_shapes.items()}
+        self.pieces = tuple(p for p in (_normalize(p) for p in pieces) if p is not None)
+
+    # -- construction -------------------------------------------------------
+    @staticmethod
+    def identity(shape: Sequence[int], target: str) -> "IndexMap":
+        return IndexMap(shape, [Piece(target, full_region(shape), tuple(index_vars(len(shape))))],
+                        {target: shape})
+
+    @staticmethod
+    def single(shape: Sequence[int], target: str, target_shape: Sequence[int],
+               index: Sequence[Expr], region: Region | None = None) -> "IndexMap":
+        return IndexMap(shape, [Piece(target, region or full_region(shape), tuple(index))],
+                        {target: target_shape})
+
+    def restrict(self, region: Region) -> "IndexMap":
+        pieces = []
+        for p in self.pieces:
+            r = region_intersect(p.region, region)
+            if r is not None:
+                pieces.append(replace(p, region=r))
+        return IndexMap(self.shape, pieces, self.target_shapes)
+
+    def retarget(self, names: Mapping[str, str]) -> "IndexMap":
+        pieces = [replace(p, target=names.get(p.target, p.target)) if p.target else p for p in self.pieces]
+        shapes = {names.get(k, k): v for k, v in self.target_shapes.items()}
+        return IndexMap(self.shape, pieces, shapes)
+
+    @staticmethod
+    def union(shape: Sequence[int], maps: Iterable["IndexMap"]) -> "IndexMap":
+        pieces, shapes = [], {}
+        for m in maps:
+            pieces.extend(m.pieces)
+            shapes.update(m.target_shapes)
+        return IndexMap(shape, pieces, shapes)
+
+    def compose(self, base: Mapping[str, "IndexMap"]) -> "IndexMap":
+        """``F_base ∘ self``: pieces landing in a tensor that ``base`` maps onward follow that map."""
+        pieces: list[Piece] = []
+        shapes = {k: v for k, v in self.target_shapes.items() if k not in base}
+        for p in self.pieces:
+            if p.target is None or p.target not in base:
+                pieces.append(p)
+                continue
+            bm = base[p.target]
+            shapes.update(bm.target_shapes)
+            env = {f"i{k}": e for k, e in enumerate(p.index)}
+            for q in bm.pieces:
+                conds = list(p.conds)
+                for k, (lo, hi) in enumerate(q.region):
+                    conds.append((p.index[k], lo, hi))
+                for ce, lo, hi in q.conds:
+                    conds.append((ce.subs(env), lo, hi))
+                index = tuple(e.subs(env) for e in q.index) if q.target is not None else ()
+                pieces.append(Piece(q.target, p.region, index, tuple(conds), q.fill))
+        return IndexMap(self.shape, pieces, shapes)
+
+    # -- structure queries --------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    def targets(self) -> set[str]:
+        return {p.target for p in self.pieces if p.target is not None}
+
+    def is_affine(self) -> bool:
+        return all(all(e.is_affine() for e in p.index) and all(c.is_affine() for c, _, _ in p.conds)
+                   for p in self.pieces)
+
+    def has_lookup(self) -> bool:
+        return any(any(e.has_lookup() for e in p.index) for p in self.pieces)
+
+    def syms(self) -> set:
+        out = set()
+        for p in self.pieces:
+            for e in p.index:
+                out |= e.syms()
+            for c, _, _ in p.conds:
+                out |= c.syms()
+        return out
+
+    def tables(self) -> set[str]:
+        return {lk.table for p in self.pieces for e in p.index for lk in e.lookups()}
+
+    def is_box_piecewise(self) -> bool:
+        """Every piece is a plain box (no predicate), so pieces can be chosen per block."""
+        return all(not p.conds for p in self.pieces)
+
+    def covered_size(self) -> int | None:
+        """Elements covered by box pieces (None when predicates make it unknown statically)."""
+        if not self.is_box_piecewise():
+            return None
+        return sum(region_size(p.region) for p in self.pieces)
+
+    def _strides(self, strides: Mapping[str, Sequence[int]] | None, target: str) -> Sequence[int]:
+        if strides and target in strides:
+            return strides[target]
+        return contiguous_strides(self.target_shapes[target])
+
+    def piece_runs(self, strides: Mapping[str, Sequence[int]] | None = None) -> list[tuple[int, int]]:
+        """(contiguous run length in elements, elements in the piece) for each piece."""
+        return [(_run_length(p, self._strides(strides, p.target), self.shape) if p.target else region_size(p.region),
+                 region_size(p.region)) for p in self.pieces]
+
+    def run_length(self, strides: Mapping[str, Sequence[int]] | None = None) -> int:
+        """Shortest contiguous run (elements) over all pieces: what coalescing can rely on."""
+        runs = [r for r, n in self.piece_runs(strides) if n > 0]
+        return min(runs) if runs else 0
+
+    def is_identity_layout(self, strides: Mapping[str, Sequence[int]] | None = None) -> bool:
+        """One piece whose offsets equal the virtual tensor's own contiguous offsets plus a constant."""
+        if len(self.pieces) != 1 or self.pieces[0].target is None or self.pieces[0].conds:
+            return False
+        p = self.pieces[0]
+        off = p.offset(self._strides(strides, p.target))
+        mine = sum((v * s for v, s in zip(index_vars(self.ndim), contiguous_strides(self.shape))), Expr())
+        diff = simplify(off - mine, p.ranges())
+        return diff.is_affine() and not diff.free_vars()
+
+    def is_injective(self, strides: Mapping[str, Sequence[int]] | None = None,
+                     numeric_limit: int = 1 << 20) -> bool:
+        """No two indices land on the same element (required to write through the map).
+
+        Affine pieces are checked symbolically; the rest by evaluation when small.
+        Unknown is answered False: refusing a write is slower, never wrong.
+        """
+        offs = []
+        for p in self.pieces:
+            if p.target is None:
+                return False  # a constant cannot be written
+            st = self._strides(strides, p.target)
+            off = p.offset(st)
+            if off.has_lookup():
+                return False
+            if not _piece_injective(p, off):
+                if region_size(p.region) > numeric_limit:
+                    return False
+                if not self._numeric_injective([p], strides):
+                    return False
+            offs.append((p, off))
+        by_target: dict[str, list] = {}
+        for p, off in offs:
+            by_target.setdefault(p.target, []).append((p, off))
+        for group in by_target.values():
+            intervals = sorted((bounds(off, p.ranges()), i) for i, (p, off) in enumerate(group))
+            for (a, _), (b, _) in zip(intervals, intervals[1:]):
+                if b[0] <= a[1]:
+                    if sum(region_size(p.region) for p, _ in group) > numeric_limit:
+                        return False
+                    return self._numeric_injective([p for p, _ in group], strides)
+        return True
+
+    def _numeric_injective(self, pieces, strides) -> bool:
+        seen: list[np.ndarray] = []
+        for p in pieces:
+            mask, idx = _eval_piece(p, self.shape, {}, {})
+            if not mask.any():
+                continue
+            flat = sum(idx[k] * s for k, s in enumerate(self._strides(strides, p.target)))
+            seen.append(np.broadcast_to(flat, mask.shape)[mask])
+        allv = np.concatenate(seen) if seen else np.empty(0)
+        return len(np.unique(allv)) == len(allv)
+
+    # -- evaluation ---------------------------------------------------------
+    def evaluate(self, syms: Mapping[str, int] | None = None,
+                 tables: Mapping[str, np.ndarray] | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+        """For every virtual index: which piece covers it (-1: none) and the target index.
+
+        Raises if an index is covered twice: a map is a function.
+        """
+        owner = np.full(self.shape, -1, dtype=np.int64)
+        width = max((len(p.index) for p in self.pieces), default=0)
+        out_idx = [np.zeros(self.shape, dtype=np.int64) for _ in range(width)]
+        for n, p in enumerate(self.pieces):
+            mask, idx = _eval_piece(p, self.shape, syms or {}, tables or {})
+            if (owner[mask] >= 0).any():
+                raise ValueError(f"pieces {int(owner[mask][owner[mask] >= 0][0])} and {n} overlap")
+            owner[mask] = n
+            for k, v in enumerate(idx):
+                out_idx[k][mask] = np.broadcast_to(v, self.shape)[mask]
+        return owner, out_idx
+
+    def gather(self, tensors: Mapping[str, torch.Tensor], syms: Mapping[str, int] | None = None,
+               tables: Mapping[str, np.ndarray] | None = None) -> torch.Tensor:
+        """Materialize the virtual tensor by reading through the map (reference semantics)."""
+        owner, idx = self.evaluate(syms, tables)
+        if (owner < 0).any():
+            bad = tuple(int(x) for x in np.argwhere(owner < 0)[0])
+            raise ValueError(f"index {bad} of the virtual tensor is not covered by any piece")
+        sample = next(iter(tensors.values()))
+        out = torch.empty(self.shape, dtype=sample.dtype)
+        for n, p in enumerate(self.pieces):
+            sel = torch.from_numpy(owner == n)
+            if not sel.any():
+                continue
+            if p.target is None:
+                out[sel] = p.fill
+                continue
+            src = tensors[p.target]
+            ix = tuple(torch.from_numpy(idx[k][owner == n]) for k in range(len(p.index)))
+            out[sel] = src[ix].to(out.dtype)
+        return out
+
+    def scatter(self, value: torch.Tensor, tensors: Mapping[str, torch.Tensor],
+                syms: Mapping[str, int] | None = None, tables: Mapping[str, np.ndarray] | None = None) -> None:
+        """Write ``value`` (the virtual tensor's contents) through the map into ``tensors``."""
+        owner, idx = self.evaluate(syms, tables)
+        for n, p in enumerate(self.pieces):
+            if p.target is None:
+                raise ValueError("cannot write into a constant piece")
+            m = owner == n
+            ix = tuple(torch.from_numpy(idx[k][m]) for k in range(len(p.index)))
+            tensors[p.target][ix] = value[torch.from_numpy(m)].to(tensors[p.target].dtype)
+
+    # -- Triton code generation ---------------------------------------------
+    def blocks_aligned(self, blocks: Mapping[int, int]) -> bool:
+        """True when no block of the given sizes (per virtual dim) straddles two pieces."""
+        if not self.is_box_piecewise():
+            return len(self.pieces) <= 1 and not any(p.conds for p in self.pieces)
+        if len(self.pieces) <= 1:
+            return True
+        for p in self.pieces:
+            for d, b in blocks.items():
+                lo, hi = p.region[d]
+                if lo % b or (hi % b and hi != self.shape[d]):
+                    return False
+        return True
+
+    def _piece_code(self, p: Piece, idx: Sequence[str], names: "AccessNames") -> tuple[str, str]:
+        """(offset code, predicate code) of one piece."""
+        tn = TritonNames({f"i{k}": c for k, c in enumerate(idx)}, names.syms, names.tables, names.mask)
+        pred = []
+        for k, (lo, hi) in enumerate(p.region):
+            if lo > 0:
+                pred.append(f"({idx[k]} >= {lo})")
+            if hi < self.shape[k]:
+                pred.append(f"({idx[k]} < {hi})")
+        for ce, lo, hi in p.conds:
+            c = to_triton(ce, tn)
+            pred.append(f"({c} >= {lo})")
+            pred.append(f"({c} < {hi})")
+        if p.target is None:
+            return "", " & ".join(pred)
+        off = p.offset(names.strides[p.target], names.offsets.get(p.target, 0))
+        return to_triton(off, tn), " & ".join(pred)
+
+    def emit_load(self, out: str, idx: Sequence[str], names: "AccessNames", mask: str | None = None,
+                  block_idx: Sequence[str] | None = None, other: str = "0.0") -> list[str]:
+        """Triton lines that load this virtual tensor at index tensors ``idx`` into ``out``.
+
+        With ``block_idx`` (scalar index of the block's first element per dim; only valid when
+        :meth:`blocks_aligned`), the piece is picked once per block by a scalar branch; otherwise
+        every piece is loaded under its own per-element predicate.
+        """
+        lines: list[str] = []
+        codes = [self._piece_code(p, idx, names) for p in self.pieces]
+        if block_idx is not None and len(self.pieces) > 1:
+            for n, (p, (off, _)) in enumerate(zip(self.pieces, codes)):
+                head = "if" if n == 0 else "elif"
+                _, bpred = self._piece_code(p, block_idx, names)
+                cond = bpred or "True"
+                lines.append(f"{head} {cond}:" if n < len(self.pieces) - 1 else "else:")
+                if p.target is None:
+                    lines.append(f"    {out} = tl.full({_shape_of(idx)}, {p.fill}, tl.float32)")
+                else:
+                    m = f", mask={mask}, other={other}" if mask else ""
+                    lines.append(f"    {out} = tl.load({names.ptrs[p.target]} + {off}{m}).to(tl.float32)")
+            return lines
+        for n, (p, (off, pred)) in enumerate(zip(self.pieces, codes)):
+            full = " & ".join(x for x in (mask, pred) if x)
+            if p.target is None:
+                val = f"{p.fill}"
+            else:
+                m = f", mask={full}, other={other}" if full else ""
+                val = f"tl.load({names.ptrs[p.target]} + {off}{m}).to(tl.float32)"
+            if n == 0 or not pred:
+                lines.append(f"{out} = {val}" if p.target is not None else
+                             f"{out} = tl.full({_shape_of(idx)}, {p.fill}, tl.float32)")
+            else:
+                lines.append(f"{out} = tl.where({pred}, {val}, {out})")
+        return lines
+
+    def emit_store(self, value: str, idx: Sequence[str], names: "AccessNames", mask: str | None = None,
+                   block_idx: Sequence[str] | None = None) -> list[str]:
+        """Triton lines that store ``value`` through the map (each piece under its predicate)."""
+        lines: list[str] = []
+        for n, p in enumerate(self.pieces):
+            if p.target is None:
+                raise ValueError("cannot store into a constant piece")
+            off, pred = self._piece_code(p, idx, names)
+            dt = names.dtypes.get(p.target)
+            v = f"{value}.to({dt})" if dt else value
+            if block_idx is not None and len(self.pieces) > 1:
+                _, bpred = self._piece_code(p, block_idx, names)
+                m = f", mask={mask}" if mask else ""
+                lines.append(f"if {bpred or 'True'}:")
+                lines.append(f"    tl.store({names.ptrs[p.target]} + {off}, {v}{m})")
+            else:
+                full = " & ".join(x for x in (mask, pred) if x)
+                m = f", mask={full}" if full else ""
+                lines.append(f"tl.store({names.ptrs[p.target]} + {off}, {v}{m})")
+        return lines
+
+    # -- printing -----------------------------------------------------------
+    def __repr__(self) -> str:
+        body = "; ".join(_piece_repr(p) for p in self.pieces)
+        return f"IndexMap{list(self.shape)}[{body}]"
+
+    def to_json(self) -> dict:
+        return {"shape": list(self.shape),
+                "pieces": [{"target": p.target, "region": [list(r) for r in p.region],
+                            "index": [repr(e) for e in p.index],
+                            "conds": [[repr(c), lo, hi] for c, lo, hi in p.conds],
+                            "fill": p.fill} for p in self.pieces]}
+
+
+@dataclass
+class AccessNames:
+    """How the operands of a map are spelled inside one Triton kernel."""
+
+    ptrs: Mapping[str, str]                                  # target -> pointer argument
+    strides: Mapping[str, Sequence[int]]                     # target -> element strides
+    offsets: Mapping[str, int] = field(default_factory=dict)  # target -> storage offset (elements)
+    syms: Mapping[str, str] = field(default_factory=dict)     # runtime scalar -> argument
+    tables: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
+    dtypes: Mapping[str, str] = field(default_factory=dict)   # target -> tl dtype for stores
+    mask: str | None = None                                   # lanes allowed to read index tensors
+
+
+def _shape_of(idx: Sequence[str]) -> str:
+    # the broadcast shape of the index tensors, spelled as a Triton expression
+    return f"({' + '.join(f'{c} * 0' for c in idx)}).shape"
+
+
+def _piece_repr(p: Piece) -> str:
+    reg = ",".join(f"{lo}:{hi}" for lo, hi in p.region)
+    conds = "".join(f" if {lo}<={c!r}<{hi}" for c, lo, hi in p.conds)
+    if p.target is None:
+        return f"[{reg}] -> {p.fill}{conds}"
+    return f"[{reg}] -> {p.target}[{', '.join(map(repr, p.index))}]{conds}"
+
+
+def _normalize(p: Piece) -> Piece | None:
+    """Fold predicates on a single variable into the box; drop pieces that are empty."""
+    region = list(p.region)
+    if any(lo >= hi for lo, hi in region):
+        return None
+    conds = []
+    for ce, lo, hi in p.conds:
+        ranges = {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(region)}
+        ce = simplify(ce, ranges)
+        blo, bhi = bounds(ce, ranges)
+        if blo >= lo and bhi < hi:
+            continue  # always true
+        if bhi < lo or blo >= hi:
+            return None  # never true
+        fv = ce.free_vars()
+        if ce.is_affine() and len(ce.terms) == 1 and len(fv) == 1 and not ce.syms():
+            (atom, c), = ce.terms
+            k = int(atom.name[1:])
+            # lo <= c*i + k0 < hi, solved for i
+            if c > 0:
+                a, b = -((ce.const - lo) // c), (hi - 1 - ce.const) // c
+            else:
+                a, b = (ce.const - hi) // -c + 1, (ce.const - lo) // -c
+            nlo, nhi = max(region[k][0], a), min(region[k][1], b + 1)
+            if nlo >= nhi:
+                return None
+            region[k] = (nlo, nhi)
+            continue
+        conds.append((ce, lo, hi))
+    ranges = {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(region)}
+    index = tuple(simplify(e, ranges) for e in p.index)
+    return Piece(p.target, tuple(region), index, tuple(conds), p.fill)
+
+
+def _piece_injective(p: Piece, off: Expr) -> bool:
+    if p.conds or not off.is_affine():
+        return False
+    dims = []
+    for k, (lo, hi) in enumerate(p.region):
+        ext = hi - lo
+        if ext <= 1:
+            continue
+        c = abs(off.coef(var(f"i{k}").terms[0][0]))
+        if c == 0:
+            return False
+        dims.append((c, ext))
+    dims.sort()
+    span = 0  # largest offset reachable by the smaller strides
+    for c, ext in dims:
+        if c <= span:
+            return False
+        span += c * (ext - 1)
+    return True
+
+
+def _run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
+    off = p.offset(strides)
+    nonlinear = set()
+    for a in off.atoms():
+        if not isinstance(a, (Var, Sym)):
+            nonlinear |= Expr({a: 1}).free_vars()
+    run, expected = 1, 1
+    for d in reversed(range(len(p.region))):
+        lo, hi = p.region[d]
+        ext = hi - lo
+        if ext == 1:
+            continue
+        if f"i{d}" in nonlinear or p.conds:
+            return _numeric_run(p, off) if run == 1 else run
+        if off.coef(var(f"i{d}").terms[0][0]) != expected:
+            break
+        run *= ext
+        expected *= ext
+        if (lo, hi) != (0, shape[d]):
+            break
+    return run
+
+
+def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
+    """Length of the first contiguous run of a non-affine piece, by evaluation on a sample."""
+    region = list(p.region)
+    # take the innermost dims whole and the outer ones at their first index, up to `sample` elements
+    count = 1
+    for d in reversed(range(len(region))):
+        lo, hi = region[d]
+        if count * (hi - lo) > sample:
+            region[d] = (lo, lo + max(1, sample // count))
+            for e in range(d):
+                region[e] = (region[e][0], region[e][0] + 1)
+            break
+        count *= hi - lo
+    grids = np.meshgrid(*[np.arange(lo, hi) for lo, hi in region], indexing="ij")
+    env = {f"i{k}": g for k, g in enumerate(grids)}
+    env.update({s.name: s.lo for s in off.syms()})
+    vals = np.asarray(evaluate(off, env)).reshape(-1)
+    if vals.size <= 1:
+        return int(vals.size)
+    breaks = np.nonzero(np.diff(vals) != 1)[0]
+    return int(breaks[0] + 1) if breaks.size else int(vals.size)
+
+
+def _eval_piece(p: Piece, shape: Sequence[int], syms: Mapping[str, int], tables):
+    """(mask over the full virtual shape, target index arrays broadcast over it)."""
+    grids = np.meshgrid(*[np.arange(s) for s in shape], indexing="ij") if shape else []
+    env: dict = {f"i{k}": g for k, g in enumerate(grids)}
+    env.update(syms)
+    mask = np.ones(tuple(shape), dtype=bool)
+    for k, (lo, hi) in enumerate(p.region):
+        mask &= (grids[k] >= lo) & (grids[k] < hi)
+    for ce, lo, hi in p.conds:
+        v = evaluate(ce, env, tables)
+        mask &= (v >= lo) & (v < hi)
+    idx = [np.broadcast_to(np.asarray(evaluate(e, env, tables)), tuple(shape)) for e in p.index]
+    return mask, idx
