@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 
@@ -314,11 +313,9 @@ def test_export_tiny_meta(name, params):
     _export_and_check(build_workload(name, size="tiny", **params))
 
 
-FULL_EXPORT = [
-    (n, dict(p, n_layers=2) if n in LLMS and p.get("part") == "model" else p)
-    for n, p in CASES
-    if not (n in LLMS and p.get("part") == "layer" and p.get("phase") == "prefill")
-]
+# the LLM "model" parts are exported with 2 layers here to keep the suite fast; the full 32/42-layer
+# models export the same way (about 8 s / 11 s each on a CPU host).
+FULL_EXPORT = [(n, dict(p, n_layers=2) if n in LLMS and p.get("part") == "model" else p) for n, p in CASES]
 
 
 @pytest.mark.parametrize("name,params", FULL_EXPORT, ids=_ids(FULL_EXPORT))

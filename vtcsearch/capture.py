@@ -18,8 +18,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from . import ops as movement
 from .graph import BUFFER, CONSTANT, INPUT, PARAMETER, OpNode, TensorGraph, TensorInfo
-from .mapping import IndexMap
-from .ops import Movement, OpCall, TensorArg
+from .ops import OpCall, TensorArg
 
 aten = torch.ops.aten
 
@@ -78,7 +77,7 @@ def _category(target: Any) -> str | None:
     if target in REDUCTION:
         return "reduction"
     tags = getattr(target, "tags", ())
-    if torch.Tag.pointwise in tags:
+    if torch.Tag.pointwise in tags or target is aten._to_copy.default:  # a dtype cast is elementwise
         return "pointwise"
     if target in OTHER_COMPUTE:
         return "other"
@@ -224,8 +223,8 @@ def _add_writeback(g: TensorGraph, new_value: str, buffer: str) -> None:
     after = g.add_tensor(TensorInfo(f"{buffer}__after", buf.shape, buf.dtype, buf.strides,
                                     kind="intermediate", is_output=True, storage=buffer))
     src = g.tensors[new_value]
-    mv = Movement(outputs=[IndexMap.identity(src.shape, "in0")],
-                  inverse=[(0, 0, IndexMap.identity(src.shape, "out0"))])
+    entry = movement.REGISTRY["writeback"]
+    call = OpCall("writeback", {}, [src.shape], [buf.shape], [src.dtype], [buf.dtype])
     g.mutations[new_value] = buffer
     g.add_op(OpNode(f"writeback_{buffer}", "writeback", "movement", [new_value], [after.name],
-                    category="movement", movement=mv))
+                    category="movement", movement=entry.rule(call), movement_op=entry, call=call))

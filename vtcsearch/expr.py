@@ -279,6 +279,20 @@ def _subs_atom(a: Atom, env: Mapping[str, Expr]) -> Expr:
     return Expr({a: 1})
 
 
+def rename_tables(e: Expr, names: Mapping[str, str]) -> Expr:
+    """Rename the index tensors an expression reads (a rule's "in1" -> the graph's tensor)."""
+    def go(a: Atom) -> Expr:
+        if isinstance(a, Lookup):
+            return Expr({Lookup(names.get(a.table, a.table), tuple(rename_tables(i, names) for i in a.index),
+                                a.lo, a.hi): 1})
+        if isinstance(a, FloorDiv):
+            return rename_tables(a.arg, names) // a.div
+        if isinstance(a, Mod):
+            return rename_tables(a.arg, names) % a.div
+        return Expr({a: 1})
+    return e.map_atoms(go)
+
+
 def var(name: str) -> Expr:
     return Expr({Var(name): 1})
 

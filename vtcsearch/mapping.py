@@ -23,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .expr import Expr, Sym, TritonNames, Var, bounds, evaluate, simplify, to_triton, var
+from .expr import Expr, Sym, TritonNames, Var, bounds, evaluate, rename_tables, simplify, to_triton, var
 
 Region = tuple[tuple[int, int], ...]
 Cond = tuple[Expr, int, int]  # lo <= expr < hi
@@ -106,7 +106,11 @@ class IndexMap:
         return IndexMap(self.shape, pieces, self.target_shapes)
 
     def retarget(self, names: Mapping[str, str]) -> "IndexMap":
-        pieces = [replace(p, target=names.get(p.target, p.target)) if p.target else p for p in self.pieces]
+        """Rename targets and index tensors (a rule's "in0"/"out0" -> graph tensor names)."""
+        pieces = [Piece(names.get(p.target, p.target) if p.target else None, p.region,
+                        tuple(rename_tables(e, names) for e in p.index),
+                        tuple((rename_tables(c, names), lo, hi) for c, lo, hi in p.conds), p.fill)
+                  for p in self.pieces]
         shapes = {names.get(k, k): v for k, v in self.target_shapes.items()}
         return IndexMap(self.shape, pieces, shapes)
 
@@ -151,9 +155,10 @@ class IndexMap:
     def targets(self) -> set[str]:
         return {p.target for p in self.pieces if p.target is not None}
 
-    def is_affine(self) -> bool:
-        return all(all(e.is_affine() for e in p.index) and all(c.is_affine() for c, _, _ in p.conds)
-                   for p in self.pieces)
+    def is_affine(self, strides: Mapping[str, Sequence[int]] | None = None) -> bool:
+        """Every piece's flat offset (in the targets' layouts) is linear in the indices: no div/mod/lookup."""
+        return all((p.target is None or p.offset(self._strides(strides, p.target)).is_affine())
+                   and all(c.is_affine() for c, _, _ in p.conds) for p in self.pieces)
 
     def has_lookup(self) -> bool:
         return any(any(e.has_lookup() for e in p.index) for p in self.pieces)
@@ -269,36 +274,42 @@ class IndexMap:
         return owner, out_idx
 
     def gather(self, tensors: Mapping[str, torch.Tensor], syms: Mapping[str, int] | None = None,
-               tables: Mapping[str, np.ndarray] | None = None) -> torch.Tensor:
-        """Materialize the virtual tensor by reading through the map (reference semantics)."""
-        owner, idx = self.evaluate(syms, tables)
-        if (owner < 0).any():
-            bad = tuple(int(x) for x in np.argwhere(owner < 0)[0])
-            raise ValueError(f"index {bad} of the virtual tensor is not covered by any piece")
-        sample = next(iter(tensors.values()))
-        out = torch.empty(self.shape, dtype=sample.dtype)
-        for n, p in enumerate(self.pieces):
-            sel = torch.from_numpy(owner == n)
-            if not sel.any():
-                continue
+               tables: Mapping[str, torch.Tensor] | None = None, dtype: torch.dtype | None = None,
+               check: bool = True) -> torch.Tensor:
+        """Materialize the virtual tensor by reading through the map (reference semantics).
+
+        Works piece by piece on the piece's box with torch indexing, so it runs on any
+        device.  With ``check``, an index covered by no piece or by two is an error.
+        """
+        sample = next(iter(tensors.values())) if tensors else torch.empty(0)
+        out = torch.empty(self.shape, dtype=dtype or sample.dtype, device=sample.device)
+        count = torch.zeros(self.shape, dtype=torch.int32, device=sample.device) if check else None
+        for p in self.pieces:
+            sl, mask, idx = _piece_indices(p, syms or {}, tables or {}, sample.device)
             if p.target is None:
-                out[sel] = p.fill
-                continue
-            src = tensors[p.target]
-            ix = tuple(torch.from_numpy(idx[k][owner == n]) for k in range(len(p.index)))
-            out[sel] = src[ix].to(out.dtype)
+                vals = torch.full(mask.shape, p.fill, dtype=out.dtype, device=out.device)
+            else:
+                vals = tensors[p.target][idx].to(out.dtype)
+            view = out[sl]
+            view[mask] = vals[mask]
+            if count is not None:
+                count[sl] += mask.to(torch.int32)
+        if count is not None and not bool((count == 1).all()):
+            bad = tuple(int(x) for x in torch.nonzero(count != 1)[0])
+            n = int(count[bad])
+            raise ValueError(f"index {bad} of the virtual tensor is covered by {n} pieces, expected 1")
         return out
 
     def scatter(self, value: torch.Tensor, tensors: Mapping[str, torch.Tensor],
-                syms: Mapping[str, int] | None = None, tables: Mapping[str, np.ndarray] | None = None) -> None:
+                syms: Mapping[str, int] | None = None, tables: Mapping[str, torch.Tensor] | None = None) -> None:
         """Write ``value`` (the virtual tensor's contents) through the map into ``tensors``."""
-        owner, idx = self.evaluate(syms, tables)
-        for n, p in enumerate(self.pieces):
+        for p in self.pieces:
             if p.target is None:
                 raise ValueError("cannot write into a constant piece")
-            m = owner == n
-            ix = tuple(torch.from_numpy(idx[k][m]) for k in range(len(p.index)))
-            tensors[p.target][ix] = value[torch.from_numpy(m)].to(tensors[p.target].dtype)
+            sl, mask, idx = _piece_indices(p, syms or {}, tables or {}, value.device)
+            dst = tensors[p.target]
+            vals = value[sl][mask].to(dst.dtype)
+            dst[tuple(i[mask] for i in idx)] = vals
 
     # -- Triton code generation ---------------------------------------------
     def blocks_aligned(self, blocks: Mapping[int, int]) -> bool:
@@ -527,6 +538,26 @@ def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
         return int(vals.size)
     breaks = np.nonzero(np.diff(vals) != 1)[0]
     return int(breaks[0] + 1) if breaks.size else int(vals.size)
+
+
+def _piece_indices(p: Piece, syms: Mapping[str, int], tables, device) -> tuple[tuple[slice, ...], torch.Tensor,
+                                                                         tuple[torch.Tensor, ...]]:
+    """(box slices, mask over the box, target index tensors over the box) of one piece, in torch."""
+    sl = tuple(slice(lo, hi) for lo, hi in p.region)
+    ar = [torch.arange(lo, hi, device=device) for lo, hi in p.region]
+    grids = torch.meshgrid(*ar, indexing="ij") if ar else []
+    env: dict = {f"i{k}": g for k, g in enumerate(grids)}
+    env.update(syms)
+    box = tuple(hi - lo for lo, hi in p.region)
+    mask = torch.ones(box, dtype=torch.bool, device=device)
+    for ce, lo, hi in p.conds:
+        v = evaluate(ce, env, tables)
+        mask &= (v >= lo) & (v < hi)
+    idx = tuple(torch.as_tensor(evaluate(e, env, tables), device=device).expand(box) for e in p.index)
+    if p.target is not None:
+        # lanes outside the predicate may compute out-of-range indices: park them at 0
+        idx = tuple(torch.where(mask, i, torch.zeros_like(i)) for i in idx)
+    return sl, mask, idx
 
 
 def _eval_piece(p: Piece, shape: Sequence[int], syms: Mapping[str, int], tables):

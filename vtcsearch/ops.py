@@ -487,6 +487,12 @@ def identity(call: OpCall) -> Movement:
     return _bijection(call, list, list)
 
 
+@register("Identity")
+def writeback(call: OpCall) -> Movement:
+    """A mutated buffer's final value, stored back into the buffer (no ATen op: added by capture)."""
+    return _bijection(call, list, list)
+
+
 @register("Identity", "_to_copy.default")
 def to_copy(call: OpCall) -> Movement | None:
     """A copy that keeps dtype and device (only layout changes); a cast is compute."""

@@ -23,13 +23,13 @@ output's resolved location differs from its input's.  Elimination is simply
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Iterable
 
 import networkx as nx
 
-from .expr import Expr, Lookup, bounds, simplify
+from .expr import Expr, Lookup, Var, bounds, simplify
 from .graph import TensorGraph
 from .mapping import IndexMap, Piece, contiguous_strides, region_intersect, region_size
 from .vtog import VTOG, Edge
@@ -67,6 +67,7 @@ class Strategy:
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
+        self._clobbers: list[tuple[str, str]] = []   # (tensor, op): a base copy over runtime-indexed updates
         for e in self.edges:
             if not 0 <= e < len(vtog.edges):
                 raise StrategyError("unknown-edge", str(e), f"the VTOG has no edge {e}")
@@ -173,7 +174,16 @@ class Strategy:
         for j, m in enumerate(mv.outputs):
             dst_t = op.outputs[j]
             src_map = m.retarget(names).compose({t: self.resolve(t) for t in op.inputs})
+            # a scatter's base copy leaves out the elements its updates overwrite, when that set is a box
+            images = [_image_boxes(u.map) for u in mv.updates if u.output == j]
             for src_t, pairs in _differences(self.resolve(dst_t), src_map, self, op.inputs).items():
+                if images and all(b is not None for b in images):
+                    pairs = [(replace(d, region=r), replace(q, region=r)) for d, q in pairs
+                             for r in _subtract(d.region, [box for bs in images for box in bs])]
+                    if not pairs:
+                        continue
+                elif images:
+                    self._clobbers.append((dst_t, op.name))
                 out.append(ResidualCopy(op.name, dst_t, src_t, self.resolve(dst_t).shape, pairs))
         for u in mv.updates:
             dst_t, src_t = op.outputs[u.output], op.inputs[u.source]
@@ -213,6 +223,16 @@ class Strategy:
             m = IndexMap(r.domain, [d for d, _ in r.pairs], res[r.dst_tensor].target_shapes)
             self._check_write(r.dst_tensor, m, strides, f"residual copy of {r.op}")
         self._check_hazards()
+        for op in self.graph.movement_ops():
+            self.residuals_of(op.name)
+        for t, op_name in self._clobbers:
+            op = self.graph.ops[op_name]
+            early = [op.inputs[u.source] for u in op.movement.updates
+                     if not any(r.src_tensor == op.inputs[u.source] for r in self.residuals_of(op_name))]
+            if early:
+                raise StrategyError("hazard", t, f"{op_name} must copy its base data over elements that "
+                                                 f"{', '.join(early)} already wrote through it (indices known "
+                                                 f"only at run time)")
         return self
 
     def is_valid(self) -> bool:
@@ -305,6 +325,51 @@ class Strategy:
             with open(data) as f:
                 data = json.load(f)
         return cls(vtog, data["edges"])
+
+
+def _image_boxes(m: IndexMap) -> list[tuple[tuple[int, int], ...]] | None:
+    """The exact set of target elements a map writes, as boxes, when each index is ``var + const``."""
+    boxes = []
+    for p in m.pieces:
+        if p.conds or p.target is None:
+            return None
+        box, used = [], set()
+        for e in p.index:
+            if e.is_const():
+                box.append((e.const, e.const + 1))
+                continue
+            if len(e.terms) != 1 or e.terms[0][1] != 1 or not isinstance(e.terms[0][0], Var):
+                return None
+            name = e.terms[0][0].name
+            if name in used:
+                return None
+            used.add(name)
+            lo, hi = p.region[int(name[1:])]
+            box.append((lo + e.const, hi + e.const))
+        if any(hi - lo > 1 and f"i{k}" not in used for k, (lo, hi) in enumerate(p.region)):
+            return None  # a dropped variable folds several sources onto one element
+        boxes.append(tuple(box))
+    return boxes
+
+
+def _subtract(region: tuple, boxes: list[tuple]) -> list[tuple]:
+    """Boxes covering ``region`` minus ``boxes``."""
+    parts = [region]
+    for b in boxes:
+        nxt = []
+        for r in parts:
+            if region_intersect(r, b) is None:
+                nxt.append(r)
+                continue
+            rest = list(r)
+            for d, ((lo, hi), (blo, bhi)) in enumerate(zip(r, b)):
+                if lo < blo:
+                    nxt.append(tuple(rest[:d] + [(lo, blo)] + rest[d + 1:]))
+                if bhi < hi:
+                    nxt.append(tuple(rest[:d] + [(bhi, hi)] + rest[d + 1:]))
+                rest[d] = (max(lo, blo), min(hi, bhi))
+        parts = nxt
+    return parts
 
 
 def _footprint(p: Piece) -> tuple[tuple[int, int], ...]:

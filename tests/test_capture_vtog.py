@@ -1,0 +1,126 @@
+"""Capture on meta tensors, op classification, and the VTOG of the Llama 3 8B decode attention block."""
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from experiments.workloads import build_workload
+from vtcsearch.capture import CaptureError, capture
+from vtcsearch.vtog import PARTIAL, TYPE_I, build_vtog
+
+
+@pytest.fixture(scope="module")
+def llama_block():
+    w = build_workload("llama3", part="attention", phase="decode", batch=1)   # 8B sizes, meta device
+    g = capture(w.model, w.example_inputs)
+    return g, build_vtog(g)
+
+
+def _chain_ops(g, start, names):
+    """Follow single-consumer movement ops from ``start`` while their registry name is in ``names``."""
+    t, seen = start, [start]
+    while True:
+        nxt = [c for c in g.tensors[t].consumers if g.ops[c].kind == "movement" and
+               g.ops[c].movement_op is not None and g.ops[c].movement_op.name in names]
+        if not nxt:
+            return seen
+        t = g.ops[nxt[0]].outputs[0]
+        seen.append(t)
+
+
+def test_capture_classifies_the_block(llama_block):
+    g, _ = llama_block
+    cats = {o.category for o in g.compute_ops()}
+    assert {"matmul", "reduction", "pointwise"} <= cats
+    mv = {o.movement_op.onnx for o in g.movement_ops() if o.movement_op}
+    assert {"Split", "Reshape", "ScatterND", "Slice", "Unsqueeze", "Expand", "Transpose"} <= mv
+    assert not g.unclassified
+    # the KV caches are buffers the program mutates: written back, and their storage is writable
+    assert len(g.mutations) == 2
+    for new, buf in g.mutations.items():
+        assert g.tensors[buf].kind == "buffer" and g.tensors[buf].mutable and not g.tensors[buf].read_only
+    params = [t for t in g.tensors.values() if t.kind == "parameter"]
+    assert all(t.read_only for t in params)
+    assert sum(t.nbytes for t in params) == (4096 * 6144 + 4096 * 4096) * 2   # wqkv + wo, bf16, never allocated
+    assert g.tensors[g.outputs[0]].shape == (1, 1, 4096)
+
+
+def test_vtog_holds_the_papers_edges(llama_block):
+    g, v = llama_block
+    split = next(o for o in g.movement_ops() if o.movement_op.onnx == "Split")
+    qkv = split.inputs[0]
+    # Q, K and V (the Split's outputs) may be virtual over the GEMM output, and it over them
+    for out in split.outputs:
+        e = [e for e in v.out_edges(out) if e.dst == qkv and e.kind == "output_over_input"]
+        assert len(e) == 1 and e[0].cls == PARTIAL            # 1024-wide runs of bf16: coalesced
+        assert any(e.src == qkv and e.dst == out for e in v.in_edges(out))
+    # the new K/V rows may be virtual over the cache: updates -> scatter output -> cache (in place)
+    scatters = [o for o in g.movement_ops() if o.movement_op.onnx == "ScatterND"]
+    assert len(scatters) == 2
+    for sc in scatters:
+        out, data, updates = sc.outputs[0], sc.inputs[0], sc.inputs[1]
+        assert g.tensors[data].kind == "buffer"
+        assert any(e.dst == out and e.kind == "input_over_output" for e in v.out_edges(updates))
+        inplace = [e for e in v.out_edges(out) if e.dst == data and e.kind == "inplace"]
+        assert len(inplace) == 1 and inplace[0].cls == TYPE_I
+        # the expanded keys/values (GQA repeat_kv) reach the cache through Slice/Unsqueeze/Expand edges
+        chain = _chain_ops(g, out, {"slice_", "alias", "identity", "unsqueeze", "expand"})
+        expanded = chain[-1]
+        assert g.tensors[expanded].shape[-2:] == (4, 128)   # 8 kv heads x 4 query heads each
+        for a, b in zip(chain[1:], chain):
+            assert any(e.dst == b for e in v.out_edges(a)), f"no edge {a} -> {b}"
+
+
+def test_conflict_sets_are_nonempty_where_they_must_be(llama_block):
+    g, v = llama_block
+    sets = v.conflict_sets()
+    split = next(o for o in g.movement_ops() if o.movement_op.onnx == "Split")
+    qkv = split.inputs[0]
+    # the GEMM output's reshape may be virtual over the Split outputs or over the GEMM: not both
+    assert any(v.edges[a].src == qkv or v.edges[b].src == qkv for pairs in sets.values() for a, b in pairs)
+    for pairs in sets.values():
+        for a, b in pairs:
+            ea, eb = v.edges[a], v.edges[b]
+            assert ea.src == eb.src or (ea.dst == eb.src and eb.dst == ea.src)
+    # every tensor with two ways to be virtual has those ways in conflict
+    for t in v.candidates():
+        edges = [e.id for e in v.out_edges(t)]
+        if len(v.options_of(t)) > 1:
+            assert any(frozenset((a, b)) in v.conflicts for a in edges for b in edges if a < b)
+
+
+def test_exports(llama_block, tmp_path):
+    g, v = llama_block
+    v.write_json(tmp_path / "vtog.json")
+    data = json.loads((tmp_path / "vtog.json").read_text())
+    assert len(data["edges"]) == len(v.edges) and data["conflicts"]
+    v.write_graphml(str(tmp_path / "vtog.graphml"))
+    assert (tmp_path / "vtog.graphml").stat().st_size > 1000
+    v.draw(str(tmp_path / "vtog.png"), chosen=[o for o in v.options[0].edges], title="llama block")
+    assert (tmp_path / "vtog.png").stat().st_size > 10_000
+
+
+class _Unknown(nn.Module):
+    def forward(self, x):
+        return torch.linalg.qr(x)[0] + 1
+
+
+def test_unknown_ops_are_compute_and_reported():
+    g = capture(_Unknown(), (torch.randn(4, 4),))
+    assert g.unclassified, "an op outside the registry and the compute lists must be reported"
+    name = next(iter(g.unclassified))
+    op = next(o for o in g.ops.values() if o.target_name == name)
+    assert op.kind == "compute"
+
+
+class _DataDependent(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+
+def test_untraceable_model_gets_a_clear_error():
+    with pytest.raises(CaptureError, match="torch.export could not trace _DataDependent"):
+        capture(_DataDependent(), (torch.randn(3),))

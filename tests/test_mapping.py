@@ -1,0 +1,92 @@
+"""IndexMap: composition against eager torch (property-based), and the queries the compiler asks."""
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from chains import random_chain
+from vtcsearch.expr import Expr, simplify, sym, var
+from vtcsearch.mapping import IndexMap, Piece, index_vars
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 6))
+def test_random_chains_equal_torch(seed, length):
+    c = random_chain(seed, length)
+    got = c.map.gather(c.leaves, tables=c.tables)
+    assert torch.equal(got, c.value), (c.steps, c.map)
+
+
+def test_gather_rejects_uncovered_and_doubly_covered():
+    i0, = index_vars(1)
+    half = IndexMap([4], [Piece("a", ((0, 2),), (i0,))], {"a": (4,)})
+    try:
+        half.gather({"a": torch.arange(4.0)})
+    except ValueError as e:
+        assert "covered by 0" in str(e)
+    else:
+        raise AssertionError("uncovered index accepted")
+    twice = IndexMap([4], [Piece("a", ((0, 3),), (i0,)), Piece("a", ((2, 4),), (i0,))], {"a": (4,)})
+    try:
+        twice.gather({"a": torch.arange(4.0)})
+    except ValueError as e:
+        assert "covered by 2" in str(e)
+    else:
+        raise AssertionError("overlapping pieces accepted")
+
+
+def _concat_map():
+    i0, i1 = index_vars(2)
+    return IndexMap([4, 8], [Piece("a", ((0, 4), (0, 3)), (i0, i1)), Piece("b", ((0, 4), (3, 8)), (i0, i1 - 3))],
+                    {"a": (4, 3), "b": (4, 5)})
+
+
+def test_queries_on_a_concat_map():
+    m = _concat_map()
+    assert m.is_affine() and m.is_box_piecewise()
+    assert m.run_length() == 3          # the 'a' slab is 3 wide
+    assert [r for r, _ in m.piece_runs()] == [3, 5]
+    assert m.is_injective()
+    assert not m.is_identity_layout()
+    assert m.blocks_aligned({0: 1}) and not m.blocks_aligned({1: 2})
+
+
+def test_queries_on_expand_transpose_reshape():
+    i0, i1, i2 = index_vars(3)
+    expand = IndexMap.single([4, 3, 8], "x", [4, 1, 8], [i0, Expr(), i2])
+    assert not expand.is_injective() and expand.run_length() == 8
+    k0, k1 = index_vars(2)
+    transpose = IndexMap.single([8, 4], "x", [4, 8], [k1, k0])
+    assert transpose.is_injective() and transpose.run_length() == 1
+    # a row-major reshape is the identity layout: Type I
+    j0, j1 = index_vars(2)
+    reshape = IndexMap.single([2, 16], "x", [4, 8], [(j0 * 16 + j1) // 8, (j0 * 16 + j1) % 8])
+    assert reshape.is_identity_layout() and reshape.run_length() == 32 and reshape.is_affine()
+    # a reshape that breaks contiguity keeps div/mod and short runs
+    t = IndexMap.single([8, 4], "y", [4, 8], [k1, k0])
+    r = IndexMap.single([32], "t", [8, 4], [var("i0") // 4, var("i0") % 4]).compose({"t": t})
+    assert not r.is_affine() and r.run_length() == 1 and r.is_injective()
+
+
+def test_runtime_scalar_offsets_stay_affine_and_symbolic():
+    pos = sym("pos", 0, 15)
+    i0, i1 = index_vars(2)
+    row = IndexMap.single([1, 8], "cache", [16, 8], [i0 + pos, i1])
+    assert row.is_affine() and row.run_length() == 8 and row.is_injective()
+    cache = torch.arange(128.0).view(16, 8)
+    assert torch.equal(row.gather({"cache": cache}, syms={"pos": 5}), cache[5:6])
+
+
+def test_compose_collapses_a_chain_and_simplify_merges_dims():
+    i = var("i")
+    assert simplify((i // 8) * 8 + i % 8, {"i": (0, 63)}) == i
+    assert simplify(4 * ((i // 4) % 2) + i % 4 + 8 * (i // 8), {"i": (0, 63)}) == i
+    # view [2,3,4] -> [6,4] -> [24] composes back to the identity
+    v1 = IndexMap.single([6, 4], "x", [2, 3, 4], [var("i0") // 3, var("i0") % 3, var("i1")])
+    v2 = IndexMap.single([24], "v1", [6, 4], [var("i0") // 4, var("i0") % 4]).compose({"v1": v1})
+    assert v2.is_identity_layout()
+
+
+def test_restrict_and_retarget():
+    m = _concat_map().restrict(((0, 4), (2, 5)))
+    assert [p.region for p in m.pieces] == [((0, 4), (2, 3)), ((0, 4), (3, 5))]
+    r = m.retarget({"a": "A"})
+    assert r.targets() == {"A", "b"}
