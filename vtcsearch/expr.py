@@ -486,6 +486,8 @@ def _atom_code(a: Atom, names: TritonNames) -> str:
     if isinstance(a, Lookup):
         ptr, strides = names.tables[a.table]
         off = " + ".join(f"{to_triton(i, names)} * {s}" for i, s in zip(a.index, strides)) or "0"
-        mask = f", mask={names.mask}, other=0" if names.mask else ""
+        # a lookup at a constant position is a scalar load, which takes no block mask
+        varying = any(i.free_vars() for i in a.index)
+        mask = f", mask={names.mask}, other=0" if names.mask and varying else ""
         return f"tl.load({ptr} + ({off}){mask}).to(tl.int64)"
     raise TypeError(a)

@@ -341,7 +341,12 @@ class IndexMap:
         if p.target is None:
             return "", " & ".join(pred)
         off = p.offset(names.strides[p.target], names.offsets.get(p.target, 0))
-        return to_triton(off, tn), " & ".join(pred)
+        code = to_triton(off, tn)
+        # indices the offset does not use still set the block's shape (a broadcast read)
+        unused = [idx[k] for k in range(len(idx)) if f"i{k}" not in off.free_vars()]
+        if unused:
+            code = f"({code} + {' + '.join(f'0 * {c}' for c in unused)})"
+        return code, " & ".join(pred)
 
     def emit_load(self, out: str, idx: Sequence[str], names: "AccessNames", mask: str | None = None,
                   block_idx: Sequence[str] | None = None, other: str = "0.0") -> list[str]:

@@ -1,0 +1,124 @@
+"""The Triton code an IndexMap emits, run through the interpreter, touches exactly the map's elements."""
+import importlib.util
+import itertools
+import os
+import tempfile
+
+import pytest
+import torch
+
+from chains import random_chain
+from vtcsearch.expr import sym
+from vtcsearch.mapping import AccessNames, IndexMap, Piece, contiguous_strides, index_vars
+
+triton = pytest.importorskip("triton")
+
+_counter = itertools.count()
+
+
+def _compile(src: str, name: str):
+    d = tempfile.mkdtemp(prefix="vtc_codegen_")
+    path = os.path.join(d, f"k{next(_counter)}.py")
+    with open(path, "w") as f:
+        f.write(src)
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return getattr(mod, name)
+
+
+def _names(m: IndexMap, leaves, tables):
+    ptrs = {t: f"p_{k}" for k, t in enumerate(sorted(m.targets()))}
+    tabs = {t: (f"t_{k}", tuple(tables[t].stride())) for k, t in enumerate(sorted(m.tables()))}
+    syms = {s.name: f"s_{s.name}" for s in m.syms()}
+    strides = {t: tuple(leaves[t].stride()) for t in m.targets()}
+    return AccessNames(ptrs, strides, syms=syms, tables=tabs, mask="mask",
+                       dtypes={t: "tl.float32" for t in m.targets()}), ptrs, tabs, syms
+
+
+def _unflatten(shape):
+    lines, rem = [], "offs"
+    for k in reversed(range(len(shape))):
+        lines.append(f"    i{k} = ({rem}) % {shape[k]}")
+        rem = f"({rem}) // {shape[k]}"
+    return lines
+
+
+def _kernel(m: IndexMap, names, ptrs, tabs, syms, body: list[str], name: str) -> str:
+    args = ["out_ptr"] + list(ptrs.values()) + [p for p, _ in tabs.values()] + list(syms.values())
+    lines = ["import triton", "import triton.language as tl", "", "@triton.jit",
+             f"def {name}({', '.join(args)}, N, BLOCK: tl.constexpr):",
+             "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
+             "    mask = offs < N"] + _unflatten(m.shape) + ["    " + ln for ln in body]
+    return "\n".join(lines) + "\n"
+
+
+def _launch(kernel, m, out, leaves, tables, ptrs, tabs, syms, symvals, block=64):
+    args = [out] + [leaves[t] for t in ptrs] + [tables[t] for t in tabs] + [symvals[s] for s in syms]
+    kernel[(triton.cdiv(m.numel, block),)](*args, m.numel, BLOCK=block)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_emitted_load_reads_what_the_map_reads(seed):
+    c = random_chain(seed, 1 + seed % 5)
+    m = c.map
+    leaves = {k: v.contiguous() for k, v in c.leaves.items()}
+    names, ptrs, tabs, syms = _names(m, leaves, c.tables)
+    idx = [f"i{k}" for k in range(m.ndim)]
+    # a 0-d tensor has no index to carry the block's shape: load the scalar, then broadcast
+    body = m.emit_load("val", idx, names, mask="mask" if idx else None) + \
+        ["val = val + tl.zeros([BLOCK], tl.float32)", "tl.store(out_ptr + offs, val, mask=mask)"]
+    kernel = _compile(_kernel(m, names, ptrs, tabs, syms, body, "load_kernel"), "load_kernel")
+    out = torch.full((max(m.numel, 1),), float("nan"))
+    _launch(kernel, m, out, leaves, c.tables, ptrs, tabs, syms, {})
+    assert torch.equal(out[:m.numel].view(m.shape), m.gather(leaves, tables=c.tables)), c.steps
+
+
+def _write_maps():
+    """Injective maps a producer could write through: a concat slab, a transposed KV row at a runtime
+    position, a split piece of a reshaped tensor, a reshape that breaks contiguity."""
+    i0, i1 = index_vars(2)
+    j0, j1, j2 = index_vars(3)
+    pos = sym("pos", 0, 6)
+    yield "concat_pieces", IndexMap([3, 8], [Piece("a", ((0, 3), (0, 5)), (i0, i1)),
+                                             Piece("b", ((0, 3), (5, 8)), (i1 - 5, i0))],
+                                    {"a": (3, 5), "b": (3, 3)}), {"pos": 0}
+    yield "kv_row", IndexMap.single([2, 4], "cache", [8, 2, 4], [pos + 0, i0, i1]), {"pos": 5}
+    yield "transposed", IndexMap.single([4, 6], "y", [6, 4], [i1, i0]), {}
+    yield "reshape_divmod", IndexMap.single([2, 3, 4], "y", [4, 6], [(j1 * 4 + j2) % 4, j0 * 3 + (j1 * 4 + j2) // 4]), {}
+
+
+@pytest.mark.parametrize("name,m,symvals", list(_write_maps()), ids=[n for n, _, _ in _write_maps()])
+def test_emitted_store_writes_what_the_map_writes(name, m, symvals):
+    assert m.is_injective()
+    shapes = m.target_shapes
+    got = {t: torch.full(s, float("nan")) for t, s in shapes.items()}
+    want = {t: torch.full(s, float("nan")) for t, s in shapes.items()}
+    value = torch.randn(m.shape)
+    m.scatter(value, want, syms=symvals)
+    names, ptrs, tabs, syms = _names(m, got, {})
+    idx = [f"i{k}" for k in range(m.ndim)]
+    body = ["val = tl.load(out_ptr + offs, mask=mask)"] + m.emit_store("val", idx, names, mask="mask")
+    kernel = _compile(_kernel(m, names, ptrs, tabs, syms, body, "store_kernel"), "store_kernel")
+    _launch(kernel, m, value.reshape(-1), got, {}, ptrs, tabs, syms, symvals)
+    for t in shapes:
+        assert torch.equal(got[t].isnan(), want[t].isnan()), f"{t}: different elements written"
+        assert torch.equal(got[t].nan_to_num(), want[t].nan_to_num()), f"{t}: wrong values"
+
+
+def test_block_level_piece_selection():
+    """With aligned blocks the piece is picked by one scalar branch per block, with the same result."""
+    i0, i1 = index_vars(2)
+    m = IndexMap([4, 128], [Piece("a", ((0, 4), (0, 64)), (i0, i1)), Piece("b", ((0, 4), (64, 128)), (i1 - 64, i0))],
+                 {"a": (4, 64), "b": (64, 4)})
+    assert m.blocks_aligned({1: 32}) and not m.blocks_aligned({1: 48})
+    leaves = {"a": torch.randn(4, 64), "b": torch.randn(64, 4)}
+    names, ptrs, tabs, syms = _names(m, leaves, {})
+    lines = m.emit_load("val", ["i0", "i1"], names, mask="mask", block_idx=["b0", "b1"])
+    assert lines[0].startswith("if ") and any(ln.startswith("else:") for ln in lines)
+    body = ["b0 = (tl.program_id(0) * BLOCK) // 128", "b1 = (tl.program_id(0) * BLOCK) % 128"] + lines + \
+           ["tl.store(out_ptr + offs, val, mask=mask)"]
+    kernel = _compile(_kernel(m, names, ptrs, tabs, syms, body, "block_kernel"), "block_kernel")
+    out = torch.full((m.numel,), float("nan"))
+    _launch(kernel, m, out, leaves, {}, ptrs, tabs, syms, {}, block=32)
+    assert torch.equal(out.view(m.shape), m.gather(leaves))
