@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import torch
 
-from ..expr import Expr, Lookup, Sym, TritonNames, to_triton, var
+from ..expr import Expr, FloorDiv, Lookup, Mod, TritonNames, to_triton
 from ..mapping import IndexMap, Piece, contiguous_strides, full_region, index_vars
 
 __all__ = [
@@ -160,6 +160,8 @@ class Operand:
         self.dtype = dtype
         for name in self.tensors:
             self.storage_strides(name)  # validates shapes
+        self._sig: str | None = None
+        self._views: dict = {}   # memoized broadcast_to / reshape results (maps are immutable)
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -201,6 +203,12 @@ class Operand:
         return self.permute(perm)
 
     def reshape(self, shape: Sequence[int]) -> "Operand":
+        key = ("reshape", tuple(shape))
+        if key not in self._views:
+            self._views[key] = self._reshape(shape)
+        return self._views[key]
+
+    def _reshape(self, shape: Sequence[int]) -> "Operand":
         from ..ops import reshape_index
         shape = list(shape)
         if -1 in shape:
@@ -215,6 +223,12 @@ class Operand:
         shape = tuple(int(s) for s in shape)
         if shape == self.shape:
             return self
+        key = ("broadcast", shape)
+        if key not in self._views:
+            self._views[key] = self._broadcast(shape)
+        return self._views[key]
+
+    def _broadcast(self, shape: tuple[int, ...]) -> "Operand":
         off = len(shape) - self.ndim
         if off < 0:
             raise ValueError(f"cannot broadcast {self.shape} to {shape}")
@@ -315,7 +329,12 @@ class Operand:
         return [self.tensors[k] for k in s] + [self.syms[k] for k in y] + [self.tables[k] for k in t]
 
     def signature(self) -> str:
-        """Everything the generated code depends on (not the values)."""
+        """Everything the generated code depends on (not the values); computed once per operand."""
+        if self._sig is None:
+            self._sig = self._signature()
+        return self._sig
+
+    def _signature(self) -> str:
         parts = [repr(self.map), str(self.dtype)]
         for k, t in self.tensors.items():
             parts.append(f"{k}:{tuple(t.shape)}:{tuple(t.stride())}:{t.dtype}:{self.map.target_shapes[k]}")
@@ -396,10 +415,49 @@ class IO:
             idx = [f"({c}).to(tl.int64)" for c in idx]
         return TritonNames({f"i{k}": c for k, c in enumerate(idx)}, self.sym_arg, self.tab, mask)
 
+    def _code(self, e: Expr, names: TritonNames) -> str:
+        """Like :func:`vtcsearch.expr.to_triton`, but index-tensor reads are unmasked with clamped
+        indices: always in bounds (lanes outside the piece read some valid entry and are masked
+        later), and a read at a per-program scalar position stays a scalar load."""
+        parts = []
+        for a, c in e.terms:
+            sc = self._atom(a, names)
+            parts.append(sc if c == 1 else f"({c}) * {sc}")
+        if e.const or not parts:
+            parts.append(f"({e.const})")
+        return "(" + " + ".join(parts) + ")"
+
+    def _atom(self, a, names: TritonNames) -> str:
+        if isinstance(a, Lookup):
+            ptr, strides = self.tab[a.table]
+            shape = self.op.tables[a.table].shape
+            terms = []
+            for i, st, n in zip(a.index, strides, shape):
+                ic = self._code(i, names)
+                if not i.is_const():
+                    ic = f"tl.minimum(tl.maximum({ic}, 0), {int(n) - 1})"
+                terms.append(f"{ic} * {st}")
+            return f"tl.load({ptr} + ({' + '.join(terms) or '0'})).to(tl.int64)"
+        if isinstance(a, FloorDiv):
+            return f"({self._code(a.arg, names)} // {a.div})"
+        if isinstance(a, Mod):
+            return f"({self._code(a.arg, names)} % {a.div})"
+        return to_triton(Expr({a: 1}), names)
+
     def _offset(self, n: int, p: Piece) -> Expr:
         if n not in self._offsets:
             self._offsets[n] = p.offset(self.strides[p.target])
         return self._offsets[n]
+
+    def _offset_code(self, n: int, p: Piece, idx: Sequence[str], mask: str | None) -> str:
+        off = self._offset(n, p)
+        code = self._code(off, self._names(idx, mask))
+        # index dims the offset does not use still give the pointer tile its shape (a broadcast read)
+        used = off.free_vars()
+        unused = [c for k, c in enumerate(idx) if f"i{k}" not in used and _is_vector_code(c)]
+        if unused:
+            code = f"({code} + {' + '.join(f'0 * {c}' for c in unused)})"
+        return code
 
     def _pred(self, p: Piece, idx: Sequence[str], mask: str | None) -> str | None:
         """Per-element predicate of a piece (region box and extra conditions)."""
@@ -413,7 +471,7 @@ class IO:
         if p.conds:
             tn = self._names(idx, mask)
             for ce, lo, hi in p.conds:
-                c = to_triton(ce, tn)
+                c = self._code(ce, tn)
                 pred.append(f"({c} >= {lo})")
                 pred.append(f"({c} < {hi})")
         return " & ".join(pred) if pred else None
@@ -465,7 +523,7 @@ class IO:
         def value(n: int, p: Piece, m: str | None) -> str:
             if p.target is None:
                 return f"tl.full({shape}, {const_code(p.fill, dt)}, {dt})"
-            off = to_triton(self._offset(n, p), self._names(idx, m))
+            off = self._offset_code(n, p, idx, m)
             mk = f", mask={m}, other={oth}" if m else ""
             cast = "" if self.dtypes[p.target] == dt else f".to({dt})"
             return f"tl.load({self.ptr[p.target]} + {off}{mk}){cast}"
@@ -506,8 +564,6 @@ class IO:
             else:
                 v = value(n, p, m) if p.target is not None else const_code(p.fill, dt)
                 lines.append(f"{out} = tl.where({pred}, {v}, {out})" if pred else f"{out} = {v}")
-        if pieces[0].target is None and not _piece_is_total(pieces, self.op.shape) and mask is None:
-            pass
         return lines
 
     # -- stage 3 --------------------------------------------------------------
@@ -522,7 +578,7 @@ class IO:
                 raise ValueError(f"cannot store into a constant piece of {self.op.map!r}")
 
         def put(n: int, p: Piece, m: str | None) -> str:
-            off = to_triton(self._offset(n, p), self._names(idx, m))
+            off = self._offset_code(n, p, idx, m)
             mk = f", mask={m}" if m else ""
             return f"tl.store({self.ptr[p.target]} + {off}, {value}.to({self.dtypes[p.target]}){mk})"
 
@@ -550,9 +606,13 @@ class IO:
         return lines
 
 
-def _piece_is_total(pieces, shape) -> bool:
-    return len(pieces) == 1 and not pieces[0].conds and all(
-        (lo, hi) == (0, s) for (lo, hi), s in zip(pieces[0].region, shape))
+def _is_vector_code(code: str) -> bool:
+    # constants need no broadcast; anything else (a tile index or a scalar) is added as 0 * code
+    try:
+        int(code)
+        return False
+    except ValueError:
+        return True
 
 
 # ---------------------------------------------------------------------------
@@ -580,8 +640,6 @@ def render(template: str, **blocks: Sequence[str] | str) -> str:
             if isinstance(body, str):
                 body = body.splitlines()
             out.extend(ind + b for b in body)
-            if not body:
-                out.append(ind + "pass")
             continue
         for k, v in blocks.items():
             tok = f"@{k}@"
@@ -635,10 +693,16 @@ class Plan:
     source: str = ""
     modes: dict[str, list[str]] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
+    last_args: list = field(default_factory=list, repr=False)
 
     def launch(self, args: Sequence) -> None:
         opts = {} if interpreting() else self.options
+        self.last_args = list(args)
         self.kernel[self.grid](*args, **self.constexprs, **opts)
+
+    def replay(self) -> None:
+        """Launch again with the last call's arguments (same tensors, new contents): no re-planning."""
+        self.launch(self.last_args)
 
 
 _PLANS: dict[str, Plan] = {}

@@ -1,0 +1,173 @@
+"""Baselines measured side by side with vtcsearch: eager, CUDA graphs, torch.compile (default, max-autotune).
+
+Every variant is timed the same way in the same process: warm-up first, then
+the median of many repeats with CUDA events (``triton.testing.do_bench``), or
+CUDA-graph replays where the variant uses graphs.  Peak memory comes from
+PyTorch's memory stats, and torch.profiler splits kernel time into data
+movement and compute by kernel name.  A variant that cannot run here is
+returned as skipped, with the reason.
+"""
+from __future__ import annotations
+
+import copy
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+
+BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune")
+
+# kernel names that only move bytes (Inductor's fused clones/cats, ATen copies, cuDNN layout transforms)
+MOVEMENT_KERNEL = re.compile(
+    r"copy|clone|cat|transpose|permute|index|gather|scatter|expand|repeat|split|slice|pad|nchwToNhwc|nhwcToNchw|"
+    r"shuffle|unfold|flip|roll|contiguous|elementwise_kernel.*direct_copy|CatArray", re.IGNORECASE)
+COMPUTE_HINT = re.compile(r"gemm|matmul|mm_|_mm|bmm|conv|attention|attn|flash|sdpa|softmax|norm|cutlass|cublas|"
+                          r"sm90|wgmma|xmma|fmha", re.IGNORECASE)
+
+
+@dataclass
+class Measurement:
+    name: str
+    median_us: float | None = None
+    p20_us: float | None = None
+    p80_us: float | None = None
+    peak_memory_bytes: int | None = None
+    kernels: int | None = None              # kernels launched per call
+    movement_kernels: int | None = None     # of which only move data
+    movement_us: float | None = None        # profiled device time in data movement kernels
+    compute_us: float | None = None
+    skipped: str | None = None              # why this variant did not run
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def is_movement_kernel(name: str) -> bool:
+    """Classify a GPU kernel by name; compute hints win (a fused GEMM epilogue named '..._cat_...')."""
+    return bool(MOVEMENT_KERNEL.search(name)) and not COMPUTE_HINT.search(name)
+
+
+def time_cuda(fn: Callable[[], Any], *, warmup_ms: float = 50, rep_ms: float = 300,
+              cuda_graph: bool = False) -> tuple[float, float, float]:
+    """(median, p20, p80) in microseconds of ``fn`` on the current CUDA device."""
+    import triton.testing
+
+    if cuda_graph:
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        run = graph.replay
+    else:
+        run = fn
+    q = triton.testing.do_bench(run, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+    return tuple(float(x) * 1000.0 for x in q)  # ms -> us
+
+
+def time_cpu(fn: Callable[[], Any], *, repeats: int = 20) -> tuple[float, float, float]:
+    fn()
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e6)
+    ts.sort()
+    return statistics.median(ts), ts[len(ts) // 5], ts[(4 * len(ts)) // 5]
+
+
+def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, float, float]:
+    """(kernels per call, movement kernels per call, movement us, compute us) from torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    n = mv = 0
+    mv_us = comp_us = 0.0
+    for evt in prof.events():
+        if evt.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        dur = evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
+        n += 1
+        if is_movement_kernel(evt.name):
+            mv += 1
+            mv_us += dur
+        else:
+            comp_us += dur
+    return n // iters, mv // iters, mv_us / iters, comp_us / iters
+
+
+def peak_memory(fn: Callable[[], Any]) -> int:
+    """Peak bytes allocated during one call, above what was allocated before it."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return int(torch.cuda.max_memory_allocated() - base)
+
+
+def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True) -> Measurement:
+    """Time, profile and size one variant (on CUDA), or time it on the CPU."""
+    m = Measurement(name)
+    if not torch.cuda.is_available():
+        m.median_us, m.p20_us, m.p80_us = time_cpu(fn)
+        return m
+    m.median_us, m.p20_us, m.p80_us = time_cuda(fn, cuda_graph=cuda_graph)
+    m.peak_memory_bytes = peak_memory(fn)
+    if profile:
+        m.kernels, m.movement_kernels, m.movement_us, m.compute_us = profile_kernels(fn)
+    return m
+
+
+def baseline_callables(model: torch.nn.Module, example_inputs: Sequence[Any],
+                       names: Sequence[str] = BASELINES) -> dict[str, tuple[Callable[[], Any] | None, bool, str | None]]:
+    """name -> (zero-argument callable, uses CUDA graphs, reason it cannot run)."""
+    cuda = torch.cuda.is_available()
+    out: dict[str, tuple[Callable[[], Any] | None, bool, str | None]] = {}
+    for name in names:
+        if name not in BASELINES:
+            raise ValueError(f"unknown baseline {name!r}; valid: {', '.join(BASELINES)}")
+        if name == "eager":
+            out[name] = (lambda: model(*example_inputs), False, None)
+        elif name == "eager_cudagraphs":
+            out[name] = (lambda: model(*example_inputs), True, None) if cuda else (None, False, "needs CUDA")
+        elif name.startswith("compile"):
+            if not cuda:
+                out[name] = (None, False, "needs CUDA: the comparison is GPU latency")
+                continue
+            mode = "max-autotune" if name == "compile_max_autotune" else None
+            m2 = copy.deepcopy(model)
+            compiled = torch.compile(m2, mode=mode, fullgraph=False)
+            out[name] = (lambda c=compiled: c(*example_inputs), False, None)
+    return out
+
+
+def run_baselines(model: torch.nn.Module, example_inputs: Sequence[Any],
+                  names: Sequence[str] = BASELINES) -> list[Measurement]:
+    """Measure each baseline; failures (a compile error, out of memory) become skipped entries."""
+    results = []
+    for name, (fn, graphs, why) in baseline_callables(model, example_inputs, names).items():
+        if fn is None:
+            results.append(Measurement(name, skipped=why))
+            continue
+        try:
+            with torch.no_grad():
+                fn()  # compile / warm up outside the timed region
+                results.append(measure(name, fn, cuda_graph=graphs))
+        except Exception as e:  # keep the run going; the report says what failed
+            results.append(Measurement(name, skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
+    return results

@@ -1,0 +1,57 @@
+"""Triton helper functions the generated kernels may call (imported into every generated module).
+
+Pointwise expressions given to :func:`vtcsearch.kernels.pointwise` may use them too,
+e.g. ``"vtc_silu(x0) * x1"``.
+"""
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def vtc_tanh(x):
+    # tanh through the logistic function: exact at +-inf, no libdevice needed
+    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
+
+
+@triton.jit
+def vtc_sigmoid(x):
+    return tl.sigmoid(x)
+
+
+@triton.jit
+def vtc_relu(x):
+    return tl.maximum(x, 0.0)
+
+
+@triton.jit
+def vtc_silu(x):
+    return x * tl.sigmoid(x)
+
+
+@triton.jit
+def vtc_gelu(x):
+    # exact (erf) GELU, torch's default
+    return 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+
+
+@triton.jit
+def vtc_gelu_tanh(x):
+    return 0.5 * x * (1.0 + vtc_tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+@triton.jit
+def vtc_softcap(x, cap):
+    return cap * vtc_tanh(x / cap)
+
+
+# activation name -> expression over `{x}` (used by the GEMM epilogue and pointwise)
+ACTIVATIONS = {
+    None: "{x}",
+    "none": "{x}",
+    "relu": "vtc_relu({x})",
+    "silu": "vtc_silu({x})",
+    "sigmoid": "vtc_sigmoid({x})",
+    "tanh": "vtc_tanh({x})",
+    "gelu": "vtc_gelu({x})",
+    "gelu_tanh": "vtc_gelu_tanh({x})",
+}

@@ -1,0 +1,319 @@
+"""Attention for prefill and decode (FlashAttention / FlashDecoding), operands through their maps.
+
+``attention(q, k, v, out, ...)`` computes ``out = softmax(mask(cap(scale * q k^T))) v`` with
+``q`` [B, Hq, Sq, D], ``k``/``v`` [B, Hk, Skv, D(v)], ``out`` [B, Hq, Sq, Dv], fp32
+softmax and accumulation.
+
+Grouped-query heads are read straight from the KV cache.  Either ``Hk`` divides ``Hq``
+(the KV operands are over the KV heads), or ``Hk == Hq`` and the KV operands' maps
+read head ``i1 // g`` (repeat_kv / an Expand of the KV heads, resolved into the cache):
+the group ``g`` is detected from the map.  One program handles the ``g`` query heads
+sharing a KV head, stacking their rows into one tile, so every KV element is loaded
+once per KV head.
+
+* ``causal``: query row ``m`` sits at position ``m + kv_len - Sq`` (bottom-right
+  aligned, as with a KV cache) and sees keys ``j <= pos``;
+* ``window``: additionally ``pos - j < window`` (sliding-window attention);
+* ``softcap``: ``s = softcap * tanh(s / softcap)`` after scaling (Gemma 2);
+* ``kv_len``: valid keys ``[0, kv_len)``: an int, or an integer tensor of one
+  element or of ``B`` elements (read on the device, so a CUDA graph can replay
+  with a new length); default ``Skv``.
+
+Decode-shaped problems (few query rows) split the key sequence over programs
+(FlashDecoding); a small combine kernel merges the partial results through
+``out``'s map.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..expr import simplify, var
+from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
+    render, tl_dtype
+
+_MAIN = """
+@triton.jit
+def attn_kernel(@params@, ws_o, ws_m, ws_l, kvlen_ptr,
+                BLOCK_N: tl.constexpr, BLOCK_MQ: tl.constexpr, ROWS: tl.constexpr,
+                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
+    @@prologue
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    b = pid_bh // @HG@
+    kvh = pid_bh % @HG@
+    t = tl.arange(0, ROWS)
+    r = t // BLOCK_MQ
+    mq = pid_m * BLOCK_MQ + t % BLOCK_MQ
+    qh = kvh * @G@ + r
+    row_ok = (r < @G@) & (mq < @SQ@)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    @@kvlen
+    q_pos = mq + (L - @SQ@)
+    lo = pid_s * @CHUNK@
+    hi = tl.minimum(lo + @CHUNK@, L)
+    @@bounds
+    # stage 1: the query tile (the group's heads stacked as rows)
+    @@load_q
+    m_i = tl.full((ROWS,), -float("inf"), tl.float32)
+    l_i = tl.zeros((ROWS,), tl.float32)
+    acc = tl.zeros((ROWS, BLOCK_DV), tl.float32)
+    for n0 in range(lo, hi, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        n_ok = n < hi
+        # stage 1: keys through their map (once per KV head)
+        @@load_k
+        # stage 2: scores, masks, online softmax in fp32
+        s = tl.dot(q, tl.trans(k)@DOT@) * @SCALE@
+        @@softcap
+        valid = n_ok[None, :]
+        @@mask
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_use = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp(m_i - m_use)
+        p = tl.exp(s - m_use[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # stage 1: values through their map
+        @@load_v
+        acc = acc * alpha[:, None] + tl.dot(p.to(@PDT@), v@DOTV@)
+        m_i = m_new
+    o = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    # stage 3: the output through its map, or this split's partial result
+    @@store
+"""
+
+_COMBINE = """
+@triton.jit
+def attn_combine(@params@, ws_o, ws_m, ws_l, SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr,
+                 BLOCK_DV: tl.constexpr):
+    @@prologue
+    pid = tl.program_id(0)
+    mq = pid % @SQ@
+    bh = pid // @SQ@
+    h = bh % @HQ@
+    b = bh // @HQ@
+    sp = tl.arange(0, SPLITS_P2)
+    sp_ok = sp < SPLITS
+    dv = tl.arange(0, BLOCK_DV)
+    base = pid * SPLITS
+    # stage 1: the splits' partial results
+    m = tl.load(ws_m + base + sp, mask=sp_ok, other=-float("inf"))
+    l = tl.load(ws_l + base + sp, mask=sp_ok, other=0.0)
+    part = tl.load(ws_o + (base + sp[:, None]) * BLOCK_DV + dv[None, :], mask=sp_ok[:, None], other=0.0)
+    # stage 2: merge
+    m_max = tl.max(m, 0)
+    m_use = tl.where(m_max == -float("inf"), 0.0, m_max)
+    w = tl.exp(m - m_use) * l
+    w_sum = tl.sum(w, 0)
+    o = tl.sum(part * w[:, None], 0) / tl.where(w_sum == 0.0, 1.0, w_sum)
+    # stage 3: through the output map
+    @@store
+"""
+
+
+def _shares_kv(op: Operand, g: int) -> bool:
+    """Whether ``op`` (over [B, H, S, D]) reads one element for the heads ``g*h .. g*h+g-1``."""
+    for p in op.map.pieces:
+        lo, hi = p.region[1]
+        if lo % g or hi % g:
+            return False
+        ranges = {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(p.region)}
+        ranges["i1"] = (lo // g, hi // g - 1)
+        ranges["__r"] = (0, g - 1)
+        env = {"i1": var("i1") * g + var("__r")}
+        exprs = [c for c, _, _ in p.conds]
+        if p.target is not None:
+            exprs.append(p.offset(op.storage_strides(p.target)))
+        for e in exprs:
+            if "__r" in simplify(e.subs(env), ranges).free_vars():
+                return False
+    return True
+
+
+_GROUPS: dict = {}
+
+
+def kv_group(q: Operand, k: Operand, v: Operand, group: int | None = None) -> tuple[int, bool]:
+    """(query heads per program, whether the KV operands are indexed by query head)."""
+    key = (q.shape, k.signature(), v.signature(), group)
+    if key not in _GROUPS:
+        _GROUPS[key] = _kv_group(q, k, v, group)
+    return _GROUPS[key]
+
+
+def _kv_group(q: Operand, k: Operand, v: Operand, group: int | None) -> tuple[int, bool]:
+    hq, hk = q.shape[1], k.shape[1]
+    if hk != hq:
+        if hq % hk or v.shape[1] != hk:
+            raise ValueError(f"{hq} query heads cannot share {hk} KV heads")
+        if group not in (None, hq // hk):
+            raise ValueError(f"group {group} does not match {hq} query / {hk} KV heads")
+        return hq // hk, False
+    cands = [group] if group else [g for g in range(min(hq, 32), 1, -1) if hq % g == 0]
+    for g in cands:
+        if hq % g == 0 and _shares_kv(k, g) and _shares_kv(v, g):
+            return g, True
+    return 1, True
+
+
+def _splits(n_prog: int, skv: int, block_n: int, sq: int, gpu: bool) -> int:
+    blocks = -(-skv // block_n)
+    if not gpu:
+        return 2 if sq == 1 and blocks >= 2 else 1
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if n_prog >= sms or blocks < 4:
+        return 1
+    return max(1, min(-(-2 * sms // n_prog), blocks // 2, 64))
+
+
+def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float | None = None,
+              causal: bool = False, window: int | None = None, softcap: float | None = None,
+              kv_len: int | torch.Tensor | None = None, group: int | None = None,
+              num_splits: int | None = None) -> list[Plan]:
+    """Scaled dot-product attention; see the module docstring.  Returns the plans launched."""
+    B, HQ, SQ, D = q.shape
+    Bk, HK, SKV, Dk = k.shape
+    DV = v.shape[-1]
+    if Dk != D or tuple(v.shape[:3]) != (Bk, HK, SKV) or Bk != B or tuple(out.shape) != (B, HQ, SQ, DV):
+        raise ValueError(f"attention shapes q {q.shape} k {k.shape} v {v.shape} out {out.shape}")
+    G, by_qhead = kv_group(q, k, v, group)
+    HG = HQ // G
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    gpu = not interpreting() and out.device.type == "cuda"
+    GP = next_pow2(G)
+    BLOCK_D, BLOCK_DV = max(16, next_pow2(D)), max(16, next_pow2(DV))
+    if SQ <= 16:  # decode-shaped: every query row of the group in one tile
+        BLOCK_MQ = next_pow2(SQ)
+        target_rows = 16
+    else:
+        target_rows = 64 if (gpu and BLOCK_D > 64) or not gpu else 128
+        BLOCK_MQ = max(1, min(next_pow2(SQ), target_rows // GP))
+    ROWS = max(16, GP * BLOCK_MQ)
+    n_mblk = -(-SQ // BLOCK_MQ)
+    if gpu:  # (BLOCK_N, warps, stages, split multiplier)
+        cands = [(64, 4, 2, 1), (128, 4, 2, 1), (32, 4, 3, 1), (64, 4, 3, 2), (128, 8, 3, 1), (32, 4, 4, 2)] \
+            if SQ <= 16 else [(64, 4 if ROWS <= 64 else 8, 2, 1), (32, 4, 3, 1), (128, 8, 2, 1), (64, 8, 3, 1)]
+    else:
+        cands = [(16, 4, 1, 1)]
+    configs = []
+    for bn, w, st, mult in cands:
+        bn = min(bn, max(16, next_pow2(SKV)))
+        sp = num_splits or min(_splits(n_mblk * B * HG, SKV, bn, SQ, gpu) * mult, max(1, -(-SKV // bn)))
+        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}
+        if cfg not in configs:
+            configs.append(cfg)
+
+    if isinstance(kv_len, torch.Tensor):
+        if kv_len.numel() not in (1, B):
+            raise ValueError("kv_len tensor needs 1 or B elements")
+        kvlen_arg, kvlen_code = kv_len, f"L = tl.load(kvlen_ptr + b * {1 if kv_len.numel() == B else 0}).to(tl.int32)"
+    else:
+        L = SKV if kv_len is None else int(kv_len)
+        if not 0 <= L <= SKV:
+            raise ValueError(f"kv_len {L} outside [0, {SKV}]")
+        kvlen_arg, kvlen_code = 0, f"L = {L}"
+    kvkind = "t%d" % kv_len.numel() if isinstance(kv_len, torch.Tensor) else repr(kv_len)
+    opts = (scale, causal, window, softcap, kvkind, G, by_qhead)
+    base_key = key_of("attention", q.signature(), k.signature(), v.signature(), out.signature(), opts)
+    pdt = tl_dtype(v.dtype) if v.dtype.is_floating_point else "tl.float32"
+    qdt = tl_dtype(q.dtype) if q.dtype == k.dtype and q.dtype.is_floating_point else "tl.float32"
+    ieee = ', input_precision="ieee"' if gpu else ""
+    if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
+        pdt = qdt = "tl.float32"
+
+    def build_main(cfg: dict) -> Plan:
+        BN, SPL = cfg["BLOCK_N"], cfg["splits"]
+        chunk = -(-(-(-SKV // SPL)) // BN) * BN
+        ios = {"q": IO(q, "q"), "k": IO(k, "k"), "v": IO(v, "v")}
+        if SPL == 1:
+            ios["out"] = IO(out, "out")
+        kh = "kvh * %d" % G if by_qhead else "kvh"
+        dmask = f"(d[None, :] < {D})" if BLOCK_D != D else None
+        dvmask = f"(dv[None, :] < {DV})" if BLOCK_DV != DV else None
+        qmask = " & ".join(x for x in ("row_ok[:, None]", dmask) if x)
+        load_q = ios["q"].load("q", ["b", "qh[:, None]", "mq[:, None]", "d[None, :]"], shape="(ROWS, BLOCK_D)",
+                               mask=qmask, block=[("b", 1), (f"kvh * {G}", G), ("pid_m * BLOCK_MQ", BLOCK_MQ),
+                                                  ("0", BLOCK_D)], dtype=qdt)
+        kv_block = [("b", 1), (kh, 1), ("n0", BN), ("0", BLOCK_D)]
+        load_k = ios["k"].load("k", ["b", kh, "n[:, None]", "d[None, :]"], shape="(BLOCK_N, BLOCK_D)",
+                               mask=" & ".join(x for x in ("n_ok[:, None]", dmask) if x), block=kv_block, dtype=qdt)
+        load_v = ios["v"].load("v", ["b", kh, "n[:, None]", "dv[None, :]"], shape="(BLOCK_N, BLOCK_DV)",
+                               mask=" & ".join(x for x in ("n_ok[:, None]", dvmask) if x),
+                               block=[("b", 1), (kh, 1), ("n0", BN), ("0", BLOCK_DV)], dtype=pdt)
+        bounds, mask = [], []
+        if causal:
+            bounds.append(f"hi = tl.minimum(hi, pid_m * BLOCK_MQ + BLOCK_MQ + (L - {SQ}))")
+            mask.append("valid = valid & (n[None, :] <= q_pos[:, None])")
+        if window is not None:
+            bounds.append(f"lo = tl.maximum(lo, (tl.maximum(pid_m * BLOCK_MQ + (L - {SQ}) - {int(window) - 1}, 0)"
+                          f" // BLOCK_N) * BLOCK_N)")
+            mask.append(f"valid = valid & ((q_pos[:, None] - n[None, :]) < {int(window)})")
+        soft = [f"s = vtc_softcap(s, {float(softcap)!r})"] if softcap else []
+        omask = " & ".join(x for x in ("row_ok[:, None]", dvmask) if x)
+        if SPL == 1:
+            store = ios["out"].store("o", ["b", "qh[:, None]", "mq[:, None]", "dv[None, :]"], mask=omask,
+                                     block=[("b", 1), (f"kvh * {G}", G), ("pid_m * BLOCK_MQ", BLOCK_MQ),
+                                            ("0", BLOCK_DV)])
+        else:
+            row = f"((b * {HQ} + qh) * {SQ} + mq) * {SPL} + pid_s"
+            store = [f"wrow = {row}",
+                     "tl.store(ws_o + wrow[:, None] * BLOCK_DV + dv[None, :], o, mask=row_ok[:, None])",
+                     "tl.store(ws_m + wrow, m_i, mask=row_ok)",
+                     "tl.store(ws_l + wrow, l_i, mask=row_ok)"]
+        params, prologue = [], []
+        for io in ios.values():
+            params += io.params()
+            prologue += io.prologue()
+        src = render(_MAIN, params=params, prologue=prologue, HG=str(HG), G=str(G), SQ=str(SQ),
+                     CHUNK=str(chunk), kvlen=[kvlen_code], bounds=bounds, load_q=load_q, load_k=load_k,
+                     load_v=load_v, SCALE=repr(scale), softcap=soft, mask=mask, PDT=pdt, store=store,
+                     DOT=ieee if qdt == "tl.float32" else "", DOTV=ieee if pdt == "tl.float32" else "")
+        kern = compile_source("attn_kernel", src)
+        constexprs = {"BLOCK_N": BN, "BLOCK_MQ": BLOCK_MQ, "ROWS": ROWS, "BLOCK_D": BLOCK_D, "BLOCK_DV": BLOCK_DV}
+        return Plan("attention", kern, (n_mblk, B * HG, SPL), constexprs,
+                    {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}, src,
+                    {k_: io.modes for k_, io in ios.items()}, cfg)
+
+    def build_combine(cfg: dict) -> Plan:
+        SPL = cfg["splits"]
+        io = IO(out, "out")
+        dvm = f"(dv < {DV})" if BLOCK_DV != DV else None
+        store = io.store("o", ["b", "h", "mq", "dv"], mask=dvm, block=[("b", 1), ("h", 1), ("mq", 1), ("0", BLOCK_DV)])
+        src = render(_COMBINE, params=io.params(), prologue=io.prologue(), SQ=str(SQ), HQ=str(HQ), store=store)
+        kern = compile_source("attn_combine", src)
+        return Plan("attention_combine", kern, (B * HQ * SQ,),
+                    {"SPLITS": SPL, "SPLITS_P2": next_pow2(SPL), "BLOCK_DV": BLOCK_DV}, {"num_warps": 4}, src,
+                    {"out": io.modes}, cfg)
+
+    dev = out.device
+
+    def plans(cfg: dict) -> list[Plan]:
+        ck = key_of(base_key, sorted(cfg.items()))
+        ps = [plan_cache(ck + ":main", lambda: build_main(cfg))]
+        if cfg["splits"] > 1:
+            ps.append(plan_cache(ck + ":combine", lambda: build_combine(cfg)))
+        return ps
+
+    qkv_args = q.kernel_args() + k.kernel_args() + v.kernel_args()
+
+    def launch(cfg: dict) -> list[Plan]:
+        ps = plans(cfg)
+        SPL = cfg["splits"]
+        if SPL == 1:
+            dummy = torch.empty(1, device=dev, dtype=torch.float32)
+            ps[0].launch(qkv_args + out.kernel_args() + [dummy, dummy, dummy, kvlen_arg])
+        else:
+            rows = B * HQ * SQ * SPL
+            ws_o = torch.empty(rows * BLOCK_DV, device=dev, dtype=torch.float32)
+            ws_m = torch.empty(rows, device=dev, dtype=torch.float32)
+            ws_l = torch.empty(rows, device=dev, dtype=torch.float32)
+            ps[0].launch(qkv_args + [ws_o, ws_m, ws_l, kvlen_arg])
+            ps[1].launch(out.kernel_args() + [ws_o, ws_m, ws_l])
+        return ps
+
+    cfg = autotune(base_key, configs, lambda c: (lambda: launch(c)), written=out.tensors.values(), device=dev)
+    return launch(cfg)

@@ -1,0 +1,228 @@
+"""GEMM (mm / addmm / bmm) with a fused pointwise epilogue, every operand through its map.
+
+``gemm(a, b, out, epilogue)`` computes ``out = epilogue(a @ b)`` for ``a`` [B?, M, K],
+``b`` [B?, K, N] and ``out`` [B?, M, N] (a 2-d operand next to 3-d ones is broadcast
+over the batch).  Accumulation is fp32; the epilogue is, in this order::
+
+    y = acc * scale (+ bias)          bias: any operand broadcastable to out
+    y = activation(y)                 relu | silu | sigmoid | tanh | gelu | gelu_tanh
+    y = rope(y)                       interleaved pairs (2i, 2i+1) within each head
+    y = y + residual                  residual: broadcastable to out
+
+and ``y`` is written through ``out``'s map: e.g. the merged QKV projection writing Q
+to one tensor and K/V rows straight into the KV caches at a runtime position, the
+RoPE already applied.  A ``Rope`` holds cos/sin operands over [M, head_dim // 2]
+(one row per output row: the map picks the position, e.g. ``cos_table[$pos, i1]`` at
+decode or ``cos_table[i0 % S, i1]`` at prefill) and the column range it applies to.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ._lib import ACTIVATIONS
+from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
+    render, tl_dtype
+
+
+@dataclass
+class Rope:
+    """Rotary embedding on interleaved column pairs, applied in the GEMM epilogue.
+
+    For output column ``c`` in ``cols`` (default: all) with ``j = (c % head_dim) // 2``:
+    ``out[2j] = x[2j] cos - x[2j+1] sin`` and ``out[2j+1] = x[2j] sin + x[2j+1] cos``
+    with ``cos = cos_op[row, j]`` (Meta Llama's ``view_as_complex`` form).
+    """
+
+    cos: Operand
+    sin: Operand
+    head_dim: int
+    cols: tuple[int, int] | None = None
+
+
+@dataclass
+class Epilogue:
+    scale: float = 1.0
+    bias: Operand | None = None
+    activation: str | None = None
+    rope: Rope | None = None
+    residual: Operand | None = None
+
+    def signature(self) -> str:
+        r = self.rope
+        rs = None if r is None else (r.cos.signature(), r.sin.signature(), r.head_dim, r.cols)
+        return repr((self.scale, self.bias.signature() if self.bias else None, self.activation, rs,
+                     self.residual.signature() if self.residual else None))
+
+
+_TEMPLATE = """
+@triton.jit
+def gemm_kernel(@params@, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
+    @@prologue
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    num_pid_m = tl.cdiv(@M@, BM)
+    num_pid_n = tl.cdiv(@N@, BN)
+    num_pid_in_group = GROUP_M * num_pid_n
+    group_id = pid // num_pid_in_group
+    first_pid_m = group_id * GROUP_M
+    group_size_m = tl.minimum(num_pid_m - first_pid_m, GROUP_M)
+    pid_m = first_pid_m + ((pid % num_pid_in_group) % group_size_m)
+    pid_n = (pid % num_pid_in_group) // group_size_m
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, @K@, BK):
+        rk = k0 + tl.arange(0, BK)
+        # stage 1: load the A and B tiles through their maps
+        @@load_a
+        @@load_b
+        # stage 2: multiply-accumulate in fp32
+        acc = tl.dot(a, b, acc@dot_opts@)
+    # stage 2: fused epilogue
+    y = acc
+    @@epilogue
+    # stage 3: store through the output map
+    @@store
+"""
+
+
+def _configs(M: int, N: int, K: int, gpu: bool) -> list[dict]:
+    if not gpu:
+        raw = [(16, 32, 32, 4, 1)]
+    elif M <= 16:  # weight-bandwidth bound: enough programs to fill the SMs, long K steps
+        raw = [(16, 32, 256, 4, 3), (16, 16, 256, 2, 4), (16, 16, 512, 4, 3), (16, 32, 512, 4, 3),
+               (16, 64, 128, 4, 4), (16, 64, 256, 4, 3), (16, 16, 128, 2, 6), (16, 32, 128, 4, 6)]
+    elif M <= 64:
+        raw = [(32, 64, 128, 4, 3), (64, 64, 64, 4, 4), (32, 128, 64, 4, 4), (64, 128, 64, 4, 3)]
+    else:
+        raw = [(128, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+               (64, 64, 64, 4, 4)]
+    out, seen = [], set()
+    for bm, bn, bk, w, s in raw:
+        bm = min(bm, max(16, next_pow2(M)))
+        bn = min(bn, max(16, next_pow2(N)))
+        bk = min(bk, max(16, next_pow2(K)))
+        if (bm, bn, bk) in seen:
+            continue
+        seen.add((bm, bn, bk))
+        out.append({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 8, "num_warps": w, "num_stages": s})
+    return out
+
+
+def _batched(op: Operand, shape: Sequence[int]) -> Operand:
+    return op if op.shape == tuple(shape) else op.broadcast_to(shape)
+
+
+def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None) -> Plan:
+    """``out = epilogue(a @ b)``; see the module docstring."""
+    ep = epilogue or Epilogue()
+    if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
+        raise ValueError("gemm takes 2-d or 3-d operands")
+    batched = max(a.ndim, b.ndim, out.ndim) == 3
+    M, K = a.shape[-2:]
+    K2, N = b.shape[-2:]
+    if K != K2 or tuple(out.shape[-2:]) != (M, N):
+        raise ValueError(f"gemm shapes {a.shape} @ {b.shape} -> {out.shape}")
+    B = max(x.shape[0] if x.ndim == 3 else 1 for x in (a, b, out))
+    if batched:
+        if out.ndim != 3:
+            raise ValueError("a batched gemm needs a 3-d output")
+        a, b = _batched(a, (B, M, K)), _batched(b, (B, K, N))
+    oshape = out.shape
+    bias = _batched(ep.bias, oshape) if ep.bias is not None else None
+    res = _batched(ep.residual, oshape) if ep.residual is not None else None
+    rope = ep.rope
+    if rope is not None:
+        hd = rope.head_dim
+        if hd % 2:
+            raise ValueError("RoPE needs an even head_dim")
+        tshape = oshape[:-1] + (hd // 2,)
+        cos, sin = _batched(rope.cos, tshape), _batched(rope.sin, tshape)
+        lo, hi = rope.cols or (0, N)
+        if lo % 2 or hi % 2:
+            raise ValueError("RoPE column range must start and end on a pair")
+    if ep.activation not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {ep.activation!r}")
+    gpu = not interpreting() and out.device.type == "cuda"
+    configs = _configs(M, N, K, gpu)
+    base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature())
+    dot_dt = tl_dtype(a.dtype) if a.dtype == b.dtype and a.dtype.is_floating_point else "tl.float32"
+    if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
+        dot_dt = "tl.float32"
+    dot_opts = ', input_precision="ieee"' if dot_dt == "tl.float32" and gpu else ""
+
+    def build(cfg: dict) -> Plan:
+        BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+        bidx = ["pid_b"] if batched else []
+        bblk = [("pid_b", 1)] if batched else []
+        ios = {"a": IO(a, "a"), "b": IO(b, "b"), "out": IO(out, "out")}
+        mrow = f"(rm[:, None] < {M})" if M % BM else None
+        mk_a = f"(rk[None, :] < {K})" if K % BK else None
+        mk_b = f"(rk[:, None] < {K})" if K % BK else None
+        ncol = f"(rn[None, :] < {N})" if N % BN else None
+        join = lambda *ms: " & ".join(m for m in ms if m) or None  # noqa: E731
+        load_a = ios["a"].load("a", bidx + ["rm[:, None]", "rk[None, :]"], shape="(BM, BK)",
+                               mask=join(mrow, mk_a), block=bblk + [("pid_m * BM", BM), ("k0", BK)], dtype=dot_dt)
+        load_b = ios["b"].load("b", bidx + ["rk[:, None]", "rn[None, :]"], shape="(BK, BN)",
+                               mask=join(mk_b, ncol), block=bblk + [("k0", BK), ("pid_n * BN", BN)], dtype=dot_dt)
+        oidx = bidx + ["rm[:, None]", "rn[None, :]"]
+        oblk = bblk + [("pid_m * BM", BM), ("pid_n * BN", BN)]
+        omask = join(mrow, ncol)
+        epi: list[str] = []
+        if ep.scale != 1.0:
+            epi.append(f"y = y * {float(ep.scale)!r}")
+        if bias is not None:
+            ios["bias"] = IO(bias, "bias")
+            epi += ios["bias"].load("bias", oidx, shape="(BM, BN)", mask=omask, block=oblk)
+            epi.append("y = y + bias")
+        if ep.activation not in (None, "none"):
+            epi.append("y = " + ACTIVATIONS[ep.activation].format(x="y"))
+        if rope is not None:
+            ios["cos"], ios["sin"] = IO(cos, "cos"), IO(sin, "sin")
+            half = hd // 2
+            epi.append("ye, yo = tl.split(tl.reshape(y, (BM, BN // 2, 2)))")
+            epi.append("rp = pid_n * (BN // 2) + tl.arange(0, BN // 2)")
+            epi.append(f"hp = rp % {half}")
+            tidx = bidx + ["rm[:, None]", "hp[None, :]"]
+            epi += ios["cos"].load("rc", tidx, shape="(BM, BN // 2)", mask=mrow)
+            epi += ios["sin"].load("rs", tidx, shape="(BM, BN // 2)", mask=mrow)
+            epi.append("re = ye * rc - yo * rs")
+            epi.append("ro = ye * rs + yo * rc")
+            if (lo, hi) != (0, N):
+                epi.append(f"rot = ((2 * rp >= {lo}) & (2 * rp < {hi}))[None, :]")
+                epi.append("re = tl.where(rot, re, ye)")
+                epi.append("ro = tl.where(rot, ro, yo)")
+            epi.append("y = tl.reshape(tl.join(re, ro), (BM, BN))")
+        if res is not None:
+            ios["res"] = IO(res, "res")
+            epi += ios["res"].load("res", oidx, shape="(BM, BN)", mask=omask, block=oblk)
+            epi.append("y = y + res")
+        store = ios["out"].store("y", oidx, mask=omask, block=oblk)
+        params, prologue = [], []
+        for io in ios.values():
+            params += io.params()
+            prologue += io.prologue()
+        src = render(_TEMPLATE, params=params, prologue=prologue, M=str(M), N=str(N), K=str(K),
+                     load_a=load_a, load_b=load_b, epilogue=epi, store=store, dot_opts=dot_opts)
+        kern = compile_source("gemm_kernel", src)
+        grid = (-(-M // BM) * -(-N // BN), B if batched else 1)
+        constexprs = {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
+        options = {k: cfg[k] for k in ("num_warps", "num_stages")}
+        return Plan("gemm", kern, grid, constexprs, options, src, {k: io.modes for k, io in ios.items()}, cfg)
+
+    extra = [x for x in (bias,) if x is not None]
+    if rope is not None:
+        extra += [cos, sin]
+    if res is not None:
+        extra.append(res)
+    args = a.kernel_args() + b.kernel_args() + out.kernel_args() + [v for x in extra for v in x.kernel_args()]
+
+    def runner(cfg: dict):
+        plan = plan_cache(key_of(base_key, sorted(cfg.items())), lambda: build(cfg))
+        return lambda: plan.launch(args)
+
+    cfg = autotune(base_key, configs, runner, written=out.tensors.values(), device=out.device)
+    plan = plan_cache(key_of(base_key, sorted(cfg.items())), lambda: build(cfg))
+    plan.launch(args)
+    return plan
