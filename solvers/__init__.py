@@ -1,0 +1,57 @@
+"""Solvers: which tensors to make virtual.  One interface, one file each.
+
+    from solvers import get_solver
+    res = get_solver("ilp")(vtog, oracle, budget=60, seed=0)
+    res.strategy.validate(); res.objective; res.trace_frame()
+
+``greedy`` (the paper's global greedy), ``ilp`` (CP-SAT, exact for the
+oracle), ``optuna`` (TPE or random sampling, SQLite-resumable), ``exhaustive``
+(ground truth for small VTOGs), ``none`` (all physical) and ``all`` (every
+Type I option).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Callable
+
+from .base import SolveResult, SolverRefused
+
+_MODULES = {"none": "none", "all": "all", "greedy": "greedy", "ilp": "ilp", "optuna": "optuna_search",
+            "exhaustive": "exhaustive"}
+
+
+class _Registry(dict):
+    """name -> solve function, imported on first use (so a missing OR-Tools or Optuna only affects its solver)."""
+
+    def __missing__(self, name: str) -> Callable[..., SolveResult]:
+        if name not in _MODULES:
+            raise KeyError(name)
+        fn = importlib.import_module(f".{_MODULES[name]}", __name__).solve
+        self[name] = fn
+        return fn
+
+    def __iter__(self):
+        return iter(_MODULES)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _MODULES
+
+    def __len__(self) -> int:
+        return len(_MODULES)
+
+    def keys(self):  # type: ignore[override]
+        return _MODULES.keys()
+
+
+SOLVERS: dict[str, Callable[..., SolveResult]] = _Registry()
+
+
+def get_solver(name: str) -> Callable[..., SolveResult]:
+    """``solve(vtog, oracle, budget=None, seed=0, **options) -> SolveResult`` of the named solver."""
+    try:
+        return SOLVERS[name]
+    except KeyError:
+        raise ValueError(f"unknown solver {name!r}; choices: {', '.join(SOLVERS)}") from None
+
+
+__all__ = ["SOLVERS", "SolveResult", "SolverRefused", "get_solver"]

@@ -1,0 +1,1009 @@
+"""Kernel accounting of a strategy: what runs, what it touches, and what its cost depends on.
+
+A strategy's cost is a sum over *units*:
+
+* one **kernel unit** per compute kernel of ``graph.kernels()``; it reads its
+  input tensors and writes its output tensors through their resolved maps;
+* one **copy unit** per (movement op, output ``j``, source) where the source is
+  input ``k`` (the part of ``out_j`` that ``out_j`` reads from ``in_k``) or the
+  constant fill of a Pad; a scatter op (base copy plus updates, which
+  interact) is one unit over all its tensors.  A copy unit runs (one copy
+  kernel per residual copy) only when that part still needs one.  Its pieces
+  come from the core's ``Strategy.residuals_of`` on a strategy realizing just
+  the unit's maps, so residual semantics stay the core's.
+
+A unit's cost is a function of its **configuration**: the resolved
+:class:`~vtcsearch.mapping.IndexMap` of each tensor in ``unit.tensors``, nothing
+else.  A kernel unit's tensors are its I/O tensors; a copy unit's are ``out_j``
+and its source, because the residual pieces of that part depend only on where
+those two tensors live (a scatter unit's: all the op's tensors).  This is what makes the ILP exact and polynomial: a
+kernel is measured once per combination of its operands' maps, and a copy once
+per pair of maps on both sides of its op.
+
+A tensor's resolved map is a function of its **resolution tree**: the option it
+takes and, recursively, the trees of the option's targets (``PHYS`` for a
+physical tensor).  Trees are interned as small integers.  Maps are composed
+exactly as :meth:`vtcsearch.strategy.Strategy.resolve` composes them (tests
+check they are equal), so every oracle answers for the core's semantics.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from vtcsearch.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
+from vtcsearch.graph import TensorGraph
+from vtcsearch.mapping import IndexMap, Piece, contiguous_strides, region_size
+from vtcsearch.strategy import Strategy, StrategyError
+
+try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
+    from vtcsearch.mapping import _run_length
+except ImportError:  # pragma: no cover
+    _run_length = None
+from vtcsearch.vtog import VTOG, Edge
+
+PHYS = 0  # tree id of a physical tensor
+
+
+# ---------------------------------------------------------------------------
+# units
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Unit:
+    """One cost term: a compute kernel, or one part of a movement op's residual copies."""
+
+    id: int
+    kind: str                       # "kernel" | "copy"
+    name: str
+    tensors: tuple[str, ...]        # tensors whose maps form the configuration
+    kernel: str | None = None       # kernel units
+    op: str | None = None           # copy units: the movement op
+    out: int | None = None          # copy units: output index j (None: the whole op)
+    src: int | None = None          # copy units: input index k (None with out set: the constant fill)
+
+
+class StorageStrides(Mapping):
+    """Element strides of every storage, computed on demand.
+
+    The same values as ``Strategy.strides()`` (graph inputs keep theirs, the rest
+    are contiguous) without building the whole dict each time a residual is
+    computed, which is quadratic on large graphs.
+    """
+
+    def __init__(self, graph: TensorGraph):
+        self.graph = graph
+        self._memo: dict[str, tuple[int, ...]] = {}
+
+    def __getitem__(self, s: str) -> tuple[int, ...]:
+        v = self._memo.get(s)
+        if v is None:
+            t = self.graph.tensors[s]
+            v = tuple(t.strides) if t.is_graph_input else contiguous_strides(t.shape)
+            self._memo[s] = v
+        return v
+
+    def __contains__(self, s: object) -> bool:
+        return s in self.graph.tensors
+
+    def __len__(self) -> int:
+        return len(self.graph.tensors)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.graph.tensors)
+
+
+class SharedMemo:
+    """Per-graph memos shared by every :class:`LocalStrategy` of one accounting."""
+
+    def __init__(self, graph: TensorGraph):
+        self.strides = StorageStrides(graph)
+        self.write_ok: set[str] = set()          # reprs of maps a kernel may write through
+        self.residuals: dict[tuple, tuple[list, list]] = {}
+
+
+class LocalStrategy(Strategy):
+    """A core :class:`Strategy` with memos that do not change its semantics.
+
+    The core recomputes everything per strategy object, which makes
+    ``validate()`` cost seconds on a 2,000-tensor graph.  Here, per graph:
+
+    * ``strides()`` is built once (the core rebuilds a dict over every storage,
+      once per movement op, from ``residuals_of``: quadratic);
+    * ``resolve(t)`` comes from the accounting's map of ``t``'s resolution tree
+      (the same composition; tests check equality), when the chosen edges are
+      whole options;
+    * ``residuals_of(op)`` is remembered per (op, maps of its I/O tensors): the
+      core computes it from exactly those maps (its side effect, the list of
+      clobbered base copies, is replayed);
+    * a write check that passed is remembered per map (``IndexMap.is_injective``
+      evaluates reshape maps numerically: np.unique over up to 2^20 elements).
+    """
+
+    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None):
+        super().__init__(vtog, edges)
+        self._acc = acc
+        self._shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
+        self._tree_ids: dict[str, int] | None = None
+
+    def strides(self) -> Mapping[str, tuple[int, ...]]:  # type: ignore[override]
+        return self._shared.strides
+
+    def _trees(self) -> dict[str, int] | None:
+        if self._tree_ids is None and self._acc is not None:
+            choice = {}
+            for t, es in self.chosen.items():
+                o = self._acc.option_by_edges.get(frozenset(e.id for e in es))
+                if o is None:
+                    self._acc = None     # not whole options: resolve the core's way
+                    return None
+                choice[t] = o
+            self._tree_ids = self._acc.trees_of_choice(choice)
+        return self._tree_ids
+
+    def resolve(self, tensor: str | None = None):  # type: ignore[override]
+        if not self._structure_checked:
+            self._check_structure()      # the core's checks first: a cycle raises StrategyError here
+            self._structure_checked = True
+        if self._acc is None or self._trees() is None:
+            return super().resolve(tensor)
+        if tensor is None:
+            return {t: self.resolve(t) for t in self.graph.tensors}
+        m = self._memo.get(tensor)
+        if m is None:
+            m = self._acc.map_of(tensor, self._tree_ids.get(tensor, PHYS))
+            self._memo[tensor] = m
+        return m
+
+    def residuals_of(self, op_name: str):  # type: ignore[override]
+        if not self._structure_checked:
+            self._check_structure()
+            self._structure_checked = True
+        if op_name in self._res_memo or self._acc is None or self._trees() is None:
+            return super().residuals_of(op_name)
+        op = self.graph.ops[op_name]
+        acc = self._acc
+        key = (op_name,) + tuple(acc.key_of(t, self._tree_ids.get(t, PHYS)) for t in op.inputs + op.outputs)
+        hit = self._shared.residuals.get(key)
+        if hit is not None:
+            self._clobbers.extend(hit[1])
+            self._res_memo[op_name] = hit[0]
+            return hit[0]
+        n0 = len(self._clobbers)
+        res = super().residuals_of(op_name)
+        self._shared.residuals[key] = (res, list(self._clobbers[n0:]))
+        return res
+
+    def _check_write(self, t, m, strides, who) -> None:  # type: ignore[override]
+        key = repr(m)
+        if key in self._shared.write_ok:
+            return
+        super()._check_write(t, m, strides, who)
+        self._shared.write_ok.add(key)
+
+
+# ---------------------------------------------------------------------------
+# traffic of one access through a map
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Traffic:
+    """What reading or writing a tensor through its map costs in memory operations."""
+
+    elements: int = 0          # elements accessed (virtual index space)
+    distinct: int = 0          # distinct physical elements touched
+    bytes: float = 0.0         # elements * itemsize
+    dram_bytes: float = 0.0    # distinct bytes, rounded up to sectors and penalized for short runs
+    l2_bytes: float = 0.0      # repeated reads of the same elements (served by L2)
+    index_ops: float = 0.0     # extra integer ops for the map (div/mod, lookups, piece predicates)
+    min_run_bytes: int = 0     # shortest contiguous run over the pieces
+
+    def __iadd__(self, o: "Traffic") -> "Traffic":
+        self.elements += o.elements
+        self.distinct += o.distinct
+        self.bytes += o.bytes
+        self.dram_bytes += o.dram_bytes
+        self.l2_bytes += o.l2_bytes
+        self.index_ops += o.index_ops
+        runs = [r for r in (self.min_run_bytes, o.min_run_bytes) if r > 0]
+        self.min_run_bytes = min(runs) if runs else 0
+        return self
+
+
+def _swapped_run(m: IndexMap, p: Piece, strides) -> int:
+    """Contiguous run when a kernel tiles the last two dims and walks the second-last fastest.
+
+    GEMMs load [BM, BK] tiles either way round, and tiled copies/pointwise
+    kernels coalesce through shared memory, so a transposed operand keeps its
+    bandwidth; what matters is the better of the two orientations.
+    """
+    n = len(p.region)
+    if n < 2 or p.region[-1][1] - p.region[-1][0] <= 1 or p.region[-2][1] - p.region[-2][0] <= 1:
+        return 0
+    a, b = f"i{n - 1}", f"i{n - 2}"
+    env = {a: Expr({Var(b): 1}), b: Expr({Var(a): 1})}
+    region = p.region[:-2] + (p.region[-1], p.region[-2])
+    q = Piece(p.target, region, tuple(e.subs(env) for e in p.index),
+              tuple((c.subs(env), lo, hi) for c, lo, hi in p.conds), p.fill)
+    shape = m.shape[:-2] + (m.shape[-1], m.shape[-2])
+    try:
+        return IndexMap(shape, [q], m.target_shapes).piece_runs(strides)[0][0]
+    except Exception:
+        return 0
+
+
+def _atom_ops(e: Expr) -> float:
+    """Integer ops an index expression costs beyond plain strided addressing."""
+    ops = 0.0
+    for a, _ in e.terms:
+        if isinstance(a, (FloorDiv, Mod)):
+            ops += 8 + _atom_ops(a.arg)          # a division by a constant is a mul-hi plus fix-ups
+        elif isinstance(a, Lookup):
+            ops += 4 + sum(_atom_ops(i) for i in a.index)
+    return ops
+
+
+def _unlook(e: Expr) -> Expr:
+    """Replace ``table[i]`` by ``2*i``: index tensors taken as one-to-one (as the core's write check does),
+    and the rows they pick as distinct but not adjacent (a gather's contiguous run is one row)."""
+    def f(a):
+        if isinstance(a, Lookup):
+            return _unlook(a.index[0]) * 2 if len(a.index) == 1 else Expr({Var("_lk"): 1})
+        if isinstance(a, FloorDiv):
+            return _unlook(a.arg) // a.div
+        if isinstance(a, Mod):
+            return _unlook(a.arg) % a.div
+        return Expr({a: 1})
+    return e.map_atoms(f)
+
+
+def _grid_env(region, syms: Iterable[Sym]) -> dict[str, Any]:
+    axes = [np.arange(lo, hi, dtype=np.int64) for lo, hi in region]
+    grids = np.meshgrid(*axes, indexing="ij", sparse=True) if axes else []
+    env: dict[str, Any] = {f"i{k}": g for k, g in enumerate(grids)}
+    env.update({s.name: s.lo for s in syms})
+    return env
+
+
+class TrafficModel:
+    """Counts elements, distinct elements and contiguous runs of accesses through maps.
+
+    Distinct elements (what DRAM must deliver) are exact for pieces of up to
+    ``exact_limit`` elements (by evaluation) and otherwise computed per group of
+    index variables that share a div/mod atom, assuming the groups are
+    independent (true for maps built from movement ops over dense storages).
+    """
+
+    def __init__(self, sector: int = 32, coalesce: int = 128,
+                 short_run_penalty: float = 0.25, exact_limit: int = 1 << 12, tile2d: bool = True):
+        self.tile2d = tile2d
+        self.sector, self.coalesce = sector, coalesce
+        self.short_run_penalty = short_run_penalty
+        self.exact_limit = exact_limit
+        self._piece: dict[tuple, tuple[int, int, int, float]] = {}
+        self._maps: dict[tuple[int, int], tuple[IndexMap, Traffic]] = {}
+        self._runs: dict[tuple, int] = {}
+
+    def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
+        """Traffic of accessing every element of ``m``'s domain once, in row-major order."""
+        hit = self._maps.get((id(m), itemsize))
+        if hit is not None and hit[0] is m:
+            t = hit[1]
+            return Traffic(t.elements, t.distinct, t.bytes, t.dram_bytes, t.l2_bytes, t.index_ops, t.min_run_bytes)
+        out = self._access(m, itemsize, strides)
+        self._maps[(id(m), itemsize)] = (m, out)
+        return Traffic(out.elements, out.distinct, out.bytes, out.dram_bytes, out.l2_bytes, out.index_ops,
+                       out.min_run_bytes)
+
+    def _access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
+        out = Traffic()
+        for p in m.pieces:
+            n = region_size(p.region)
+            run = self._run(p, strides, m)
+            if p.target is None or n == 0:
+                continue
+            if self.tile2d and run * itemsize < self.coalesce:
+                run = max(run, _swapped_run(m, p, strides))
+            count, distinct, run_el, ops = self._piece_stats(p, run, tuple(strides[p.target]))
+            if count == 0:
+                continue
+            rb = max(1, run_el) * itemsize
+            factor = math.ceil(rb / self.sector) * self.sector / rb
+            if rb < self.coalesce:
+                factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
+            t = Traffic(elements=count, distinct=distinct, bytes=count * itemsize,
+                        dram_bytes=distinct * itemsize * factor,
+                        l2_bytes=(count - distinct) * itemsize, index_ops=ops * count, min_run_bytes=rb)
+            out += t
+        if len([p for p in m.pieces if p.target is not None]) > 1:
+            out.index_ops += 2.0 * (len(m.pieces) - 1) * out.elements  # piece predicates and selects
+        return out
+
+    def _run(self, p: Piece, strides, m: IndexMap) -> int:
+        if p.target is None:
+            return region_size(p.region)
+        st = tuple(strides[p.target])
+        key = (p, st, m.shape)
+        r = self._runs.get(key)
+        if r is None:
+            q = p
+            if any(e.has_lookup() for e in p.index) or any(c.has_lookup() for c, _, _ in p.conds):
+                # runs of a gather: index-tensor reads taken as identity rows (the core's numeric
+                # fallback would need the index tensor's values)
+                q = Piece(p.target, p.region, tuple(_unlook(e) for e in p.index),
+                          tuple((_unlook(c), lo, hi) for c, lo, hi in p.conds), p.fill)
+            try:
+                r = _run_length(q, st, m.shape) if _run_length else \
+                    IndexMap(m.shape, [q], m.target_shapes).piece_runs(strides)[0][0]
+            except (KeyError, ValueError):
+                r = 1
+            self._runs[key] = r
+        return r
+
+    def _piece_stats(self, p: Piece, run: int, st: tuple[int, ...]) -> tuple[int, int, int, float]:
+        key = (p, st)
+        hit = self._piece.get(key)
+        if hit is not None:
+            return hit
+        n = region_size(p.region)
+        off = p.offset(st)
+        ops = _atom_ops(off) + 2.0 * len(p.conds)
+        flat = _unlook(off)
+        if not p.conds and flat.is_affine():
+            # affine: each variable with a non-zero stride multiplies the distinct count
+            ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(p.region)}
+            distinct = math.prod(e for v, e in ext.items() if flat.coef(Var(v)) != 0)
+            res = (n, min(n, max(distinct, 1 if n else 0)), run, ops)
+            self._piece[key] = res
+            return res
+        if n <= self.exact_limit:
+            env = _grid_env(p.region, off.syms() | {s for c, _, _ in p.conds for s in c.syms()})
+            mask = np.ones([hi - lo for lo, hi in p.region], dtype=bool)
+            for ce, lo, hi in p.conds:
+                v = evaluate(_unlook(ce), env)
+                mask &= (v >= lo) & (v < hi)
+            vals = np.broadcast_to(np.asarray(evaluate(flat, env)), mask.shape)[mask]
+            count = int(mask.sum())
+            distinct = int(np.unique(vals).size)
+        else:
+            frac = self._cond_fraction(p) if p.conds else 1.0
+            count = int(round(n * frac))
+            distinct = min(count, int(round(self._distinct_estimate(flat, p.region) * frac)))
+        res = (count, max(distinct, 1 if count else 0), run, ops)
+        self._piece[key] = res
+        return res
+
+    def _cond_fraction(self, p: Piece, sample: int = 4096) -> float:
+        rng = np.random.default_rng(0)
+        env: dict[str, Any] = {f"i{k}": rng.integers(lo, hi, sample) for k, (lo, hi) in enumerate(p.region)}
+        for c, _, _ in p.conds:
+            env.update({s.name: s.lo for s in c.syms()})
+        mask = np.ones(sample, dtype=bool)
+        for ce, lo, hi in p.conds:
+            v = evaluate(_unlook(ce), env)
+            mask &= (v >= lo) & (v < hi)
+        return float(mask.mean())
+
+    def _distinct_estimate(self, off: Expr, region) -> int:
+        ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(region)}
+        # variables coupled through one non-linear atom form a group
+        parent = {v: v for v in ext}
+
+        def find(v):
+            while parent[v] != v:
+                parent[v] = parent[parent[v]]
+                v = parent[v]
+            return v
+
+        terms = []
+        for a, c in off.terms:
+            fv = sorted(Expr({a: 1}).free_vars() & set(ext))
+            terms.append((a, c, fv))
+            for u in fv[1:]:
+                parent[find(u)] = find(fv[0])
+        groups: dict[str, list] = {}
+        for a, c, fv in terms:
+            if fv:
+                groups.setdefault(find(fv[0]), []).append((a, c))
+        total = 1
+        for root, ts in groups.items():
+            vars_ = sorted({v for a, _ in ts for v in Expr({a: 1}).free_vars() & set(ext)})
+            size = math.prod(ext[v] for v in vars_)
+            e = Expr(dict(ts))
+            if size <= self.exact_limit:
+                sub = tuple(region[int(v[1:])] for v in vars_)
+                axes = [np.arange(lo, hi, dtype=np.int64) for lo, hi in sub]
+                grids = np.meshgrid(*axes, indexing="ij", sparse=True)
+                env = {v: g for v, g in zip(vars_, grids)}
+                env.update({s.name: s.lo for s in e.syms()})
+                vals = np.broadcast_to(np.asarray(evaluate(e, env)), [hi - lo for lo, hi in sub])
+                total *= int(np.unique(vals).size)
+            elif e.is_affine():
+                total *= math.prod(ext[v] for v in vars_ if e.coef(Var(v)) != 0)
+            else:
+                lo, hi = bounds(e, {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(region)})
+                total *= min(size, hi - lo + 1)
+        return total
+
+
+# ---------------------------------------------------------------------------
+# FLOPs of compute ops
+# ---------------------------------------------------------------------------
+
+_PER_ELEMENT = {"pointwise": 1.0, "reduction": 2.0, "other": 1.0}
+
+
+def op_flops(graph: TensorGraph, op_name: str) -> float:
+    """FLOPs of one compute op: 2MNK for matmuls, 2*out*(Cin/g)*k for convs, 4*B*H*L*S*D for attention,
+    a few per element for pointwise ops and reductions."""
+    op = graph.ops[op_name]
+    shp = [graph.tensors[t].shape for t in op.inputs]
+    out = [graph.tensors[t].shape for t in op.outputs]
+    tname = op.target_name
+    if op.category == "matmul":
+        if tname.startswith("addmm") or tname.startswith("baddbmm"):
+            shp = shp[1:]
+        a, b = shp[0], shp[1]
+        batch = math.prod(a[:-2]) if len(a) > 2 else 1
+        return 2.0 * batch * a[-2] * a[-1] * b[-1] + (math.prod(out[0]) if len(op.inputs) > 2 else 0)
+    if op.category == "conv":
+        w = shp[1]
+        return 2.0 * math.prod(out[0]) * math.prod(w[1:])
+    if op.category == "attention":
+        q, k = shp[0], shp[1]
+        b_h = math.prod(q[:-2])
+        return 4.0 * b_h * q[-2] * k[-2] * q[-1] + 5.0 * b_h * q[-2] * k[-2]
+    per = _PER_ELEMENT.get(op.category, 1.0)
+    if op.category == "reduction":
+        return per * (math.prod(shp[0]) if shp else 0)
+    return per * sum(math.prod(o) for o in out)
+
+
+TENSOR_CORE = {"matmul", "conv", "attention"}
+
+
+# ---------------------------------------------------------------------------
+# the accounting of one VTOG
+# ---------------------------------------------------------------------------
+
+@dataclass
+class Operand:
+    """One tensor a unit reads ('r') or writes ('w'), and where it lives."""
+
+    tensor: str
+    role: str
+    map: IndexMap
+    dtype: torch.dtype
+    itemsize: int
+
+
+@dataclass
+class UnitSpec:
+    """Everything needed to cost or run one unit in one configuration.
+
+    Kernel units: ``ops`` (the kernel's ATen ops, in order) and ``operands``
+    (its I/O through their maps).  Copy units: ``operands`` is [dst (w), src (r)],
+    two maps over one domain whose pieces correspond one to one.
+    ``launch`` carries a kernel back end's launch configuration (block sizes,
+    warps); it is part of the cache key.
+    """
+
+    unit: Unit
+    config: tuple[str, ...]                 # map keys of unit.tensors
+    operands: list[Operand]
+    ops: list[Any] = field(default_factory=list)
+    storages: dict[str, tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+    tables: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+    flops: float = 0.0
+    tensor_core: bool = False
+    compute_dtype: torch.dtype | None = None
+    launch: dict[str, Any] = field(default_factory=dict)
+    elements: int = 0                       # copy units: elements copied
+    _key: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.unit.kind
+
+    @property
+    def empty(self) -> bool:
+        """A copy unit with nothing left to copy costs nothing."""
+        return self.kind == "copy" and self.elements == 0
+
+    def key(self) -> str:
+        """Canonical text of what is measured: ops, shapes, dtypes, I/O maps and launch config.
+
+        Storage and tensor names are replaced by positional placeholders, so two
+        identical kernels (the same layer twice) share one measurement.
+        """
+        if self._key is None:
+            self._key = _canonical_key(self)
+        return self._key
+
+
+def _canonical_key(spec: UnitSpec) -> str:
+    import re
+    names: dict[str, str] = {}
+
+    def ph(n: str) -> str:
+        if n not in names:
+            names[n] = f"S{len(names)}"
+        return names[n]
+
+    parts = [spec.kind]
+    for o in spec.operands:
+        for p in o.map.pieces:
+            if p.target is not None:
+                ph(p.target)
+        for tb in o.map.tables():
+            ph(tb)
+    for o in spec.operands:
+        ph(o.tensor)
+    local: dict[str, str] = {}
+    if spec.ops:
+        for op in spec.ops:
+            for t in list(op.inputs) + list(op.outputs):
+                if t not in names and t not in local:
+                    local[t] = f"L{len(local)}"
+    allnames = {**names, **local}
+    pat = re.compile(r"(?<![\w$])(" + "|".join(re.escape(n) for n in sorted(allnames, key=len, reverse=True))
+                     + r")(?!\w)") if allnames else None
+
+    def canon(text: str) -> str:
+        return pat.sub(lambda m: allnames[m.group(1)], text) if pat else text
+
+    for o in spec.operands:
+        parts.append(f"{o.role}:{names[o.tensor]}:{str(o.dtype).replace('torch.', '')}:{canon(repr(o.map))}")
+    for s in sorted(spec.storages, key=lambda s: names.get(s, s)):
+        shape, strides, dt = spec.storages[s]
+        parts.append(f"{names.get(s, s)}={list(shape)}/{list(strides)}/{str(dt).replace('torch.', '')}")
+    for op in spec.ops:
+        node = op.node
+        args = canon(_args_text(node.args if node is not None else (), node.kwargs if node is not None else {}))
+        ins = ",".join(allnames[t] for t in op.inputs)
+        outs = ",".join(allnames[t] for t in op.outputs)
+        parts.append(f"{op.target_name}({ins})->{outs}{args}")
+    if spec.launch:
+        parts.append("launch=" + ",".join(f"{k}={spec.launch[k]}" for k in sorted(spec.launch)))
+    return " | ".join(parts)
+
+
+def _args_text(args, kwargs) -> str:
+    def f(a):
+        if isinstance(a, torch.fx.Node):
+            return a.name
+        if isinstance(a, (list, tuple)):
+            return "[" + ",".join(f(x) for x in a) + "]"
+        if isinstance(a, torch.device):
+            return "dev"
+        return repr(a)
+    return f(list(args)) + ("{" + ",".join(f"{k}={f(v)}" for k, v in sorted(kwargs.items())) + "}" if kwargs else "")
+
+
+class Accounting:
+    """Units, resolution trees, maps and residual pieces of one VTOG (shared by oracles and solvers)."""
+
+    def __init__(self, vtog: VTOG):
+        g = vtog.graph
+        self.vtog, self.graph = vtog, g
+        self.order = g.order()
+        self.n_steps = len(g.ops)
+        self.nodes: set[str] = set(vtog.nx.nodes)
+        self.shared = SharedMemo(g)
+        self.strides = self.shared.strides
+        # options, in the order the core resolves their edges (by edge id)
+        self.options_of: dict[str, list[int]] = {}
+        self.option_edges: list[tuple[Edge, ...]] = []
+        self.option_tensor: list[str] = []
+        self.option_targets: list[tuple[str, ...]] = []
+        self.option_bad: set[int] = set()
+        for o in vtog.options:
+            es = tuple(sorted((vtog.edges[e] for e in o.edges), key=lambda e: e.id))
+            self.option_edges.append(es)
+            self.option_tensor.append(o.tensor)
+            self.option_targets.append(tuple(dict.fromkeys(e.dst for e in es)))
+            self.options_of.setdefault(o.tensor, []).append(o.id)
+            if any(frozenset((a.id, b.id)) in vtog.conflicts for a, b in itertools.combinations(es, 2)):
+                self.option_bad.add(o.id)
+        self.candidates = [t for t in vtog.candidates()]
+        self.option_by_edges = {frozenset(e.id for e in es): o for o, es in enumerate(self.option_edges)}
+        self._build_units()
+        # interned resolution trees: id -> (option, child tree ids); 0 is PHYS
+        self._trees: list[tuple[int, tuple[int, ...]] | None] = [None]
+        self._tree_id: dict[tuple[int, tuple[int, ...]], int] = {}
+        self._tree_nodes: dict[int, frozenset[str]] = {}
+        self._tree_size: dict[int, int] = {}
+        self._map: dict[tuple[str, int], IndexMap] = {}
+        self._key: dict[tuple[str, int], str] = {}
+        self._copies: dict[tuple[int, tuple[str, ...]], list | None] = {}
+        self._maps_by_key: dict[str, IndexMap] = {}
+        self._trees_by_key: dict[tuple[str, str], list[int]] = {}
+        self._write_ok: dict[str, bool] = {}
+        self.kernel_flops = {k: sum(op_flops(g, o) for o in ops) for k, ops in self.kernel_ops.items()}
+        # liveness
+        self.span: dict[str, tuple[int, int]] = {}
+        for t, info in g.tensors.items():
+            start = self.order[info.producer] if info.producer in self.order else -1
+            ends = [self.order[c] for c in info.consumers if c in self.order]
+            end = max(ends) if ends else start
+            if info.is_output:
+                end = self.n_steps
+            self.span[t] = (start, max(start, end))
+        self.const_bytes = sum(i.nbytes for t, i in g.tensors.items() if i.is_graph_input and i.storage_name == t)
+        self.intermediate = {t for t, i in g.tensors.items() if not i.is_graph_input and i.storage_name == t}
+
+    # -- units ----------------------------------------------------------------
+    def _build_units(self) -> None:
+        g = self.graph
+        units: list[Unit] = []
+        # TensorGraph.kernels() is O(ops) per call (and kernel_io calls it twice): compute once
+        self.kernel_ops = g.kernels()
+        self.kernel_io = {k: _kernel_io(g, ops) for k, ops in self.kernel_ops.items()}
+        for k in self.kernel_ops:
+            ins, outs = self.kernel_io[k]
+            ts = tuple(dict.fromkeys(list(ins) + list(outs)))
+            units.append(Unit(len(units), "kernel", k, ts, kernel=k))
+        for op in g.movement_ops():
+            mv = op.movement
+            if mv.updates:
+                # a scatter's base copy and its updates interact: one unit over all its tensors
+                units.append(Unit(len(units), "copy", op.name, tuple(dict.fromkeys(op.inputs + op.outputs)),
+                                  op=op.name))
+                continue
+            for j, m in enumerate(mv.outputs):
+                srcs = sorted({int(p.target[2:]) for p in m.pieces if p.target is not None})
+                for k in srcs:
+                    units.append(Unit(len(units), "copy", f"{op.name}[{j}<-{k}]",
+                                      tuple(dict.fromkeys((op.outputs[j], op.inputs[k]))), op=op.name, out=j, src=k))
+                if any(p.target is None for p in m.pieces):
+                    units.append(Unit(len(units), "copy", f"{op.name}[{j}<-fill]", (op.outputs[j],),
+                                      op=op.name, out=j))
+        self.units = units
+        self.units_of: dict[str, list[int]] = {}
+        for u in units:
+            for t in u.tensors:
+                self.units_of.setdefault(t, []).append(u.id)
+
+    # -- trees ----------------------------------------------------------------
+    def intern(self, option: int, children: tuple[int, ...]) -> int:
+        key = (option, children)
+        tid = self._tree_id.get(key)
+        if tid is None:
+            tid = len(self._trees)
+            self._trees.append(key)
+            self._tree_id[key] = tid
+        return tid
+
+    def tree_option(self, tid: int) -> int | None:
+        node = self._trees[tid]
+        return None if node is None else node[0]
+
+    def tree_nodes(self, tid: int) -> frozenset[str]:
+        """Tensors a tree passes through: its root, the virtual tensors below it and its physical leaves."""
+        if tid == PHYS:
+            return frozenset()
+        got = self._tree_nodes.get(tid)
+        if got is None:
+            o, ch = self._trees[tid]
+            got = frozenset({self.option_tensor[o], *self.option_targets[o]}).union(*(self.tree_nodes(c) for c in ch))
+            self._tree_nodes[tid] = got
+        return got
+
+    def tree_choices(self, tid: int) -> dict[str, int]:
+        """tensor -> option along a tree (for building a strategy that realizes it)."""
+        out: dict[str, int] = {}
+        stack = [tid]
+        while stack:
+            x = stack.pop()
+            if x == PHYS:
+                continue
+            o, ch = self._trees[x]
+            out[self.option_tensor[o]] = o
+            stack.extend(ch)
+        return out
+
+    def trees_of_choice(self, choice: Mapping[str, int]) -> dict[str, int]:
+        """Tree id of every virtual tensor under ``choice`` (tensor -> option); raises on a cycle."""
+        out: dict[str, int] = {}
+        onpath: set[str] = set()
+
+        def visit(t: str) -> int:
+            if t in out:
+                return out[t]
+            o = choice.get(t)
+            if o is None:
+                return PHYS
+            if t in onpath:
+                raise ValueError(f"cycle through {t}")
+            onpath.add(t)
+            tid = self.intern(o, tuple(visit(d) for d in self.option_targets[o]))
+            onpath.discard(t)
+            out[t] = tid
+            return tid
+
+        for t in choice:
+            visit(t)
+        return out
+
+    def tree_size(self, tid: int) -> int:
+        """Options in a tree (0 for PHYS)."""
+        if tid == PHYS:
+            return 0
+        got = self._tree_size.get(tid)
+        if got is None:
+            o, ch = self._trees[tid]
+            got = 1 + sum(self.tree_size(c) for c in ch)
+            self._tree_size[tid] = got
+        return got
+
+    def enumerate_trees(self, t: str, cap: int = 256) -> tuple[list[int], bool]:
+        """The resolution trees ``t`` can have in an acyclic strategy, PHYS first then smallest first.
+
+        At most ``cap`` per tensor (the smallest are kept); the flag says whether none was dropped.
+        """
+        memo: dict[tuple[str, frozenset], list[int]] = {}
+        complete = [True]
+
+        def rec(x: str, avoid: frozenset) -> list[int]:
+            key = (x, avoid)
+            if key in memo:
+                return memo[key]
+            found: list[int] = []
+            av = avoid | {x}
+            for o in self.options_of.get(x, []):
+                if o in self.option_bad:
+                    continue
+                tg = self.option_targets[o]
+                if any(d in av for d in tg):
+                    continue
+                subs = [rec(d, av) for d in tg]
+                if math.prod(len(sb) for sb in subs) > cap:
+                    per = max(1, int(cap ** (1.0 / len(subs))))
+                    complete[0] = False
+                    subs = [sb[:per] for sb in subs]
+                found.extend(self.intern(o, tuple(c)) for c in itertools.product(*subs))
+            found.sort(key=lambda tid: (self.tree_size(tid), tid))
+            if len(found) >= cap:
+                complete[0] = False
+                found = found[:cap - 1]
+            out = [PHYS] + found
+            memo[key] = out
+            return out
+
+        return rec(t, frozenset()), complete[0]
+
+    # -- maps -----------------------------------------------------------------
+    def map_of(self, t: str, tid: int) -> IndexMap:
+        """The resolved map of ``t`` under tree ``tid`` (as Strategy.resolve composes it)."""
+        key = (t, tid)
+        m = self._map.get(key)
+        if m is None:
+            info = self.graph.tensors[t]
+            if tid == PHYS:
+                m = IndexMap.identity(info.shape, info.storage_name)
+            else:
+                o, ch = self._trees[tid]
+                sub = dict(zip(self.option_targets[o], ch))
+                m = IndexMap.union(info.shape, [e.map.compose({e.dst: self.map_of(e.dst, sub[e.dst])})
+                                                for e in self.option_edges[o]])
+            self._map[key] = m
+        return m
+
+    def key_of(self, t: str, tid: int) -> str:
+        """Stable text of a resolved map (configuration keys)."""
+        key = (t, tid)
+        k = self._key.get(key)
+        if k is None:
+            if tid == PHYS:
+                k = f"phys:{self.graph.tensors[t].storage_name}"
+            else:
+                k = repr(self.map_of(t, tid))
+            self._key[key] = k
+            self._maps_by_key.setdefault(k, self.map_of(t, tid))
+            self._trees_by_key.setdefault((t, k), []).append(tid)
+        return k
+
+    def map_by_key(self, t: str, key: str) -> IndexMap:
+        if key.startswith("phys:"):
+            return self.map_of(t, PHYS)
+        return self._maps_by_key[key]
+
+    def maps_of_trees(self, trees: Mapping[str, int]) -> dict[str, IndexMap]:
+        return {t: self.map_of(t, trees.get(t, PHYS)) for t in self.graph.tensors}
+
+    # -- residual copies of a copy unit -------------------------------------
+    def tree_assign(self, t: str, tid: int) -> dict[str, int | None]:
+        """Every placement a tree fixes: tensor -> option, or None for its physical leaves."""
+        out: dict[str, int | None] = {}
+        stack = [(t, tid)]
+        while stack:
+            x, y = stack.pop()
+            if y == PHYS:
+                out[x] = None
+                continue
+            o, ch = self._trees[y]
+            out[x] = o
+            stack.extend(zip(self.option_targets[o], ch))
+        return out
+
+    def realize(self, tensors: Sequence[str], keys: Sequence[str]) -> dict[str, int] | None:
+        """tensor -> option of a strategy giving each tensor the map named by its key (None: impossible)."""
+        cands = []
+        for t, k in zip(tensors, keys):
+            trees = [PHYS] if k.startswith("phys:") else self._trees_by_key.get((t, k), [])
+            if not trees:
+                return None
+            cands.append(trees)
+        assigns = [[self.tree_assign(t, tid) for tid in trees] for t, trees in zip(tensors, cands)]
+        choice: dict[str, int | None] = {}
+
+        def rec(i: int) -> bool:   # backtracking over consistent trees (consistent unions are acyclic)
+            if i == len(assigns):
+                return True
+            for a in assigns[i]:
+                if any(x in choice and choice[x] != o for x, o in a.items()):
+                    continue
+                added = [x for x in a if x not in choice]
+                choice.update({x: a[x] for x in added})
+                if rec(i + 1):
+                    return True
+                for x in added:
+                    del choice[x]
+            return False
+
+        if not rec(0):
+            return None
+        return {x: o for x, o in choice.items() if o is not None}
+
+    def copies(self, u: Unit, keys: tuple[str, ...]) -> list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None:
+        """The residual copies (domain, [(dst piece, src piece)]) unit ``u`` makes, from the core.
+
+        A strategy realizing just the unit's tensors' maps is built and asked
+        ``residuals_of``; the pieces of a (j, k) unit are those of output ``j``
+        whose region lies in the part of ``out_j`` read from ``in_k``.  ``None``:
+        no acyclic strategy gives these maps together.
+        """
+        ck = (u.id, keys)
+        if ck in self._copies:
+            return self._copies[ck]
+        choice = self.realize(u.tensors, keys)
+        got: list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None = None
+        if choice is not None:
+            s = LocalStrategy(self.vtog, [e.id for o in choice.values() for e in self.option_edges[o]], self)
+            try:
+                res = s.residuals_of(u.op)
+            except StrategyError:
+                res = None
+            if res is not None:
+                if u.out is None:
+                    got = [(tuple(r.domain), list(r.pairs)) for r in res if r.pairs]
+                else:
+                    op = self.graph.ops[u.op]
+                    want = None if u.src is None else f"in{u.src}"
+                    boxes = [p.region for p in op.movement.outputs[u.out].pieces if p.target == want]
+                    pairs = [(d, q) for r in res if r.dst_tensor == op.outputs[u.out] for d, q in r.pairs
+                             if any(_inside(d.region, b) for b in boxes)]
+                    got = [(tuple(self.graph.tensors[op.outputs[u.out]].shape), pairs)] if pairs else []
+        self._copies[ck] = got
+        return got
+
+    # -- writes ----------------------------------------------------------------
+    def writable(self, m: IndexMap, key: str | None = None) -> bool:
+        """A kernel may write through ``m``: no constant piece, no read-only target, injective (the core's rule)."""
+        k = key or repr(m)
+        if k in self.shared.write_ok:
+            return True
+        ok = self._write_ok.get(k)
+        if ok is None:
+            probe = LocalStrategy(self.vtog, (), self)
+            try:
+                probe._check_write("?", m, self.strides, "probe")
+                ok = True
+            except StrategyError:
+                ok = False
+            self._write_ok[k] = ok
+        return ok
+
+    def compute_written(self) -> set[str]:
+        """Tensors some compute op writes (their maps must be writable when virtual)."""
+        return {t for o in self.graph.compute_ops() for t in o.outputs}
+
+    # -- specs -------------------------------------------------------------
+    def spec(self, u: Unit, keys: tuple[str, ...]) -> UnitSpec:
+        """The description of unit ``u`` when its tensors have the maps named by ``keys``."""
+        g = self.graph
+        maps = [self.map_by_key(t, k) for t, k in zip(u.tensors, keys)]
+        if u.kind == "kernel":
+            ins, outs = self.kernel_io[u.kernel]
+            mp = dict(zip(u.tensors, maps))
+            operands = [Operand(t, "r", mp[t], g.tensors[t].dtype, g.tensors[t].itemsize) for t in ins]
+            operands += [Operand(t, "w", mp[t], g.tensors[t].dtype, g.tensors[t].itemsize) for t in outs]
+            ops = [g.ops[o] for o in self.kernel_ops[u.kernel]]
+            tc = any(o.category in TENSOR_CORE for o in ops)
+            dts = [g.tensors[t].dtype for o in ops for t in o.inputs if g.tensors[t].dtype.is_floating_point]
+            spec = UnitSpec(u, keys, operands, ops=ops, flops=self.kernel_flops[u.kernel], tensor_core=tc,
+                            compute_dtype=dts[0] if dts else None)
+        else:
+            copies = self.copies(u, keys)
+            if copies is None:
+                raise ImpossibleConfig(f"{u.name}: no strategy gives {dict(zip(u.tensors, keys))}")
+            operands = []
+            for domain, pairs in copies:
+                dt = next((p.target for p, _ in pairs if p.target), None)
+                info = g.tensors[dt] if dt else g.tensors[u.tensors[0]]
+                dshapes = {p.target: g.tensors[p.target].shape for p, _ in pairs if p.target}
+                sshapes = {q.target: g.tensors[q.target].shape for _, q in pairs if q.target}
+                operands.append(Operand(dt or "", "w", IndexMap(domain, [p for p, _ in pairs], dshapes),
+                                        info.dtype, info.itemsize))
+                operands.append(Operand(dt or "", "r", IndexMap(domain, [q for _, q in pairs], sshapes),
+                                        info.dtype, info.itemsize))
+            spec = UnitSpec(u, keys, operands,
+                            elements=sum(region_size(p.region) for _, c in copies for p, _ in c))
+        for o in spec.operands:
+            for p in o.map.pieces:
+                if p.target is not None and p.target not in spec.storages:
+                    ti = g.tensors[p.target]
+                    spec.storages[p.target] = (ti.shape, tuple(self.strides[p.target]), ti.dtype)
+            for tb in o.map.tables():
+                if tb in g.tensors:
+                    spec.tables[tb] = (g.tensors[tb].shape, g.tensors[tb].dtype)
+        return spec
+
+    # -- memory ----------------------------------------------------------------
+    def peak_bytes(self, maps_targets: Mapping[str, Iterable[str]]) -> int:
+        """Peak bytes: constant storages plus the max over steps of live intermediate storages.
+
+        ``maps_targets``: tensor -> storages its map lands in (every graph tensor).
+        A storage lives from the first write to the last read of any tensor that
+        resolves into it: a virtual tensor's consumers extend its storage's life.
+        """
+        lo: dict[str, int] = {}
+        hi: dict[str, int] = {}
+        for t, targets in maps_targets.items():
+            a, b = self.span[t]
+            for s in targets:
+                if s in self.intermediate:
+                    if s not in lo or a < lo[s]:
+                        lo[s] = a
+                    if s not in hi or b > hi[s]:
+                        hi[s] = b
+        if not lo:
+            return self.const_bytes
+        diff = np.zeros(self.n_steps + 3, dtype=np.int64)
+        for s, a in lo.items():
+            size = self.graph.tensors[s].nbytes
+            diff[a + 1] += size
+            diff[hi[s] + 2] -= size
+        return int(self.const_bytes + np.cumsum(diff).max())
+
+
+def _kernel_io(g: TensorGraph, names: list[str]) -> tuple[list[str], list[str]]:
+    """``TensorGraph.kernel_io`` for a known op list (same rule: inputs from outside, outputs read outside)."""
+    ops = set(names)
+    ins: list[str] = []
+    outs: list[str] = []
+    for name in names:
+        o = g.ops[name]
+        for t in o.inputs:
+            if g.tensors[t].producer not in ops and t not in ins:
+                ins.append(t)
+        for t in o.outputs:
+            info = g.tensors[t]
+            if info.is_output or any(c not in ops for c in info.consumers) or t in g.mutations:
+                outs.append(t)
+    return ins, outs
+
+
+class ImpossibleConfig(ValueError):
+    """No acyclic strategy gives a unit's tensors this combination of maps."""
+
+
+def _inside(a, b) -> bool:
+    return all(blo <= alo and ahi <= bhi for (alo, ahi), (blo, bhi) in zip(a, b))
+

@@ -1,0 +1,231 @@
+"""The oracle protocol: objective, per-unit costs, evaluation of a strategy, and call statistics.
+
+Every oracle is a :class:`CostOracle`: subclasses implement :meth:`CostOracle.measure`
+(the seconds of one unit in one configuration); the base class turns those into
+a strategy's latency (the sum over units), its peak memory (liveness over the
+realized allocation) and the objective, and memoizes per (unit, configuration)
+so a solver can ask as often as it likes.
+"""
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from vtcsearch.strategy import Strategy
+from vtcsearch.vtog import VTOG
+
+from .accounting import PHYS, Accounting, ImpossibleConfig, Unit, UnitSpec
+
+
+class OracleError(RuntimeError):
+    """A failure of the oracle itself (not of one configuration): always raised to the caller."""
+
+
+@dataclass(frozen=True)
+class Objective:
+    """``latency_weight * seconds + memory_weight * peak_bytes``, optionally under a memory cap.
+
+    ``Objective.latency()`` (the default), ``Objective.memory()`` and
+    ``Objective.mix(seconds_per_gib)`` cover the usual cases; a cap makes every
+    strategy above it infeasible (objective ``inf``).
+    """
+
+    latency_weight: float = 1.0
+    memory_weight: float = 0.0
+    memory_cap: int | None = None
+
+    @staticmethod
+    def latency(memory_cap: int | None = None) -> "Objective":
+        return Objective(1.0, 0.0, memory_cap)
+
+    @staticmethod
+    def memory() -> "Objective":
+        return Objective(0.0, 1.0)
+
+    @staticmethod
+    def mix(seconds_per_gib: float = 1e-4, memory_cap: int | None = None) -> "Objective":
+        """Latency plus memory priced at ``seconds_per_gib`` per GiB of peak."""
+        return Objective(1.0, seconds_per_gib / 2 ** 30, memory_cap)
+
+    @property
+    def needs_memory(self) -> bool:
+        return self.memory_weight != 0 or self.memory_cap is not None
+
+    @property
+    def needs_latency(self) -> bool:
+        return self.latency_weight != 0
+
+    @property
+    def name(self) -> str:
+        if self.memory_weight == 0:
+            return "latency" + (f"@cap{self.memory_cap}" if self.memory_cap else "")
+        if self.latency_weight == 0:
+            return "memory"
+        return f"mix({self.memory_weight * 2 ** 30:g}s/GiB)"
+
+    def value(self, latency_s: float, peak_bytes: float | None) -> float:
+        if self.memory_cap is not None and peak_bytes is not None and peak_bytes > self.memory_cap:
+            return math.inf
+        v = self.latency_weight * latency_s if self.latency_weight else 0.0
+        if self.memory_weight:
+            v += self.memory_weight * (peak_bytes or 0.0)
+        return v
+
+
+@dataclass
+class UnitCost:
+    """The cost of one unit in one configuration."""
+
+    seconds: float
+    bytes: float = 0.0
+    flops: float = 0.0
+    feasible: bool = True
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OracleStats:
+    calls: int = 0            # strategy-level queries l(C) (full or incremental)
+    unit_queries: int = 0     # distinct (unit, configuration) costs asked for
+    measurements: int = 0     # real timings taken (profiling oracle)
+    cache_hits: int = 0       # answers served from a persistent cache or a recorded file
+    seconds_measuring: float = 0.0
+
+    def snapshot(self) -> dict[str, float]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Evaluation:
+    """A strategy's predicted objective, latency and peak memory, with a per-unit breakdown."""
+
+    objective: float
+    latency_s: float
+    peak_bytes: int | None
+    rows: list[dict[str, Any]]
+
+    @property
+    def feasible(self) -> bool:
+        return math.isfinite(self.objective)
+
+    def breakdown(self):
+        """One row per kernel and per residual copy that runs (a pandas DataFrame)."""
+        import pandas as pd
+        return pd.DataFrame(self.rows)
+
+
+class CostOracle:
+    """Base of every oracle: memoized unit costs and strategy evaluation."""
+
+    name = "base"
+
+    def __init__(self, objective: Objective | None = None):
+        self.objective = objective or Objective.latency()
+        self.stats = OracleStats()
+        self._acc: dict[int, tuple[weakref.ref, Accounting]] = {}   # VTOGs are unhashable dataclasses
+        self._costs: "weakref.WeakKeyDictionary[Accounting, dict]" = weakref.WeakKeyDictionary()
+
+    # -- to implement ----------------------------------------------------------
+    def measure(self, spec: UnitSpec) -> UnitCost:
+        """Seconds of one unit in one configuration (subclasses)."""
+        raise NotImplementedError
+
+    # -- protocol ----------------------------------------------------------------
+    def accounting(self, vtog: VTOG) -> Accounting:
+        hit = self._acc.get(id(vtog))
+        if hit is not None and hit[0]() is vtog:
+            return hit[1]
+        acc = Accounting(vtog)
+        self._acc = {k: v for k, v in self._acc.items() if v[0]() is not None}
+        self._acc[id(vtog)] = (weakref.ref(vtog), acc)
+        return acc
+
+    def unit_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...]) -> UnitCost:
+        """Cost of unit ``u`` when its tensors have the maps named by ``keys`` (memoized)."""
+        memo = self._costs.get(acc)
+        if memo is None:
+            memo = self._costs[acc] = {}
+        ck = (u.id, keys)
+        c = memo.get(ck)
+        if c is None:
+            self.stats.unit_queries += 1
+            try:
+                spec = acc.spec(u, keys)
+            except ImpossibleConfig as e:  # no strategy has these maps together: never chosen
+                spec, c = None, UnitCost(math.inf, feasible=False, detail={"error": str(e)})
+            if spec is None:
+                pass
+            elif spec.empty:
+                c = UnitCost(0.0)
+            else:
+                t0 = time.perf_counter()
+                try:
+                    c = self.measure(spec)
+                except OracleError:
+                    raise
+                except Exception as e:  # an oracle that cannot cost a configuration calls it infeasible
+                    c = UnitCost(math.inf, feasible=False, detail={"error": f"{type(e).__name__}: {e}"})
+                self.stats.seconds_measuring += time.perf_counter() - t0
+            memo[ck] = c
+        return c
+
+    def unit_keys(self, acc: Accounting, u: Unit, trees: Mapping[str, int]) -> tuple[str, ...]:
+        return tuple(acc.key_of(t, trees.get(t, PHYS)) for t in u.tensors)
+
+    def evaluate(self, strategy: Strategy | None = None, *, vtog: VTOG | None = None,
+                 choice: Mapping[str, int] | None = None, rows: bool = True, peak: bool = True) -> Evaluation:
+        """Objective of a strategy (or of ``choice``: tensor -> option id) with a per-unit breakdown."""
+        if strategy is not None:
+            vtog = strategy.vtog
+            choice = choice_of(strategy)
+        assert vtog is not None and choice is not None
+        self.stats.calls += 1
+        acc = self.accounting(vtog)
+        trees = acc.trees_of_choice(choice)
+        return self._evaluate_trees(acc, trees, rows, peak)
+
+    def _evaluate_trees(self, acc: Accounting, trees: Mapping[str, int], rows: bool = True,
+                        want_peak: bool = True) -> Evaluation:
+        total = 0.0
+        out_rows: list[dict[str, Any]] = []
+        if self.objective.needs_latency or rows:
+            for u in acc.units:
+                keys = self.unit_keys(acc, u, trees)
+                c = self.unit_cost(acc, u, keys)
+                total += c.seconds
+                if rows and (u.kind == "kernel" or c.seconds > 0):
+                    out_rows.append({"unit": u.name, "kind": u.kind, "seconds": c.seconds, "bytes": c.bytes,
+                                     "flops": c.flops, **{k: v for k, v in c.detail.items()
+                                                          if isinstance(v, (int, float, str))}})
+        peak = None
+        if self.objective.needs_memory or rows or want_peak:
+            peak = acc.peak_bytes({t: acc.map_of(t, trees.get(t, PHYS)).targets() for t in acc.graph.tensors})
+        return Evaluation(self.objective.value(total, peak), total, peak, out_rows)
+
+    def describe(self) -> dict[str, Any]:
+        return {"oracle": self.name, "objective": self.objective.name}
+
+
+def choice_of(strategy: Strategy) -> dict[str, int]:
+    """tensor -> option id of a strategy whose edges are whole options (raises otherwise)."""
+    v = strategy.vtog
+    by_edges = {frozenset(o.edges): o.id for o in v.options}
+    out: dict[str, int] = {}
+    for t, es in strategy.chosen.items():
+        o = by_edges.get(frozenset(e.id for e in es))
+        if o is None:
+            raise ValueError(f"the chosen edges of {t} are not one option of the VTOG")
+        out[t] = o
+    return out
+
+
+def options_of_choice(choice: Mapping[str, int]) -> list[int]:
+    return sorted(choice.values())
+
+
+def strategy_of(vtog: VTOG, options: Iterable[int]) -> Strategy:
+    """A plain core strategy taking whole options."""
+    return Strategy(vtog, [e for o in options for e in vtog.options[o].edges])

@@ -1,0 +1,109 @@
+"""Hardware profiles for the analytical oracle: datasheet numbers, overridable by measured ones.
+
+Datasheet values are dense (no sparsity) peaks.  ``measured`` holds numbers
+measured on the project's machines; ``Hardware.preset(name)`` uses them where
+present (``measured=False`` for the datasheet only).  :func:`measure` times a
+large copy and a large bf16 GEMM on the current device to produce them.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    bandwidth: float                  # DRAM bytes/s (read + write traffic)
+    l2_bandwidth: float               # bytes/s for re-reads that hit L2
+    flops: dict[str, float]           # dtype -> FLOP/s on tensor cores (matmul, conv, attention)
+    simt_flops: float                 # FLOP/s of the vector units (pointwise, reductions; fp32)
+    int_ops: float                    # integer ops/s (index arithmetic)
+    launch_s: float = 2.0e-6          # per-kernel launch and tail overhead
+    sector_bytes: int = 32            # DRAM transaction granularity
+    coalesce_bytes: int = 128         # one warp's fully coalesced access
+    short_run_penalty: float = 0.25   # extra cost of runs shorter than coalesce_bytes (at zero length)
+    source: str = "datasheet"
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def peak(self, dtype: torch.dtype | None, tensor_core: bool) -> float:
+        if not tensor_core:
+            return self.simt_flops
+        key = str(dtype).replace("torch.", "") if dtype is not None else "float32"
+        return self.flops.get(key, self.flops.get("float32", self.simt_flops))
+
+    def with_(self, **kw: Any) -> "Hardware":
+        """A copy with some numbers overridden (e.g. measured bandwidth)."""
+        flops = kw.pop("flops", None)
+        hw = replace(self, **kw)
+        if flops:
+            hw = replace(hw, flops={**self.flops, **flops})
+        return hw
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any] | str) -> "Hardware":
+        if isinstance(d, str):
+            with open(d) as f:
+                d = json.load(f)
+        return Hardware(**d)
+
+    @staticmethod
+    def preset(name: str, measured: bool = True) -> "Hardware":
+        key = name.upper().replace("_", "-")
+        if key not in PRESETS:
+            raise ValueError(f"unknown hardware preset {name!r}; choices: {', '.join(PRESETS)}")
+        hw = PRESETS[key]
+        if measured and hw.measured:
+            m = dict(hw.measured)
+            hw = hw.with_(bandwidth=m.get("bandwidth", hw.bandwidth),
+                          flops={k[len("flops_"):]: v for k, v in m.items() if k.startswith("flops_")},
+                          source="datasheet+measured")
+        return hw
+
+
+# Datasheet numbers (dense).  TF32 is not PyTorch's default for fp32 matmuls, so float32 uses the SIMT peak.
+PRESETS: dict[str, Hardware] = {
+    "H200": Hardware("H200", bandwidth=4.8e12, l2_bandwidth=11e12,
+                     flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+                     simt_flops=67e12, int_ops=33.5e12,
+                     measured={"bandwidth": 4.3e12, "flops_bfloat16": 790e12, "flops_float16": 790e12}),
+    # measured 2026-12-02 on the project's H100 80GB HBM3 (cost_models.hardware.measure: 512 MiB copy,
+    # 8192^3 bf16 GEMM); results/solver_measurements/record_summary.json
+    "H100": Hardware("H100", bandwidth=3.35e12, l2_bandwidth=10e12,
+                     flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
+                     simt_flops=67e12, int_ops=33.5e12,
+                     measured={"bandwidth": 2.83e12, "flops_bfloat16": 761e12, "flops_float16": 761e12}),
+    "H100-NVL": Hardware("H100-NVL", bandwidth=3.9e12, l2_bandwidth=10e12,
+                         flops={"bfloat16": 835e12, "float16": 835e12, "float32": 60e12},
+                         simt_flops=60e12, int_ops=30e12),
+    "A100": Hardware("A100", bandwidth=1.935e12, l2_bandwidth=5e12,
+                     flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
+                     simt_flops=19.5e12, int_ops=19.5e12),
+    # a generic server CPU, for comparing the model with CPU measurements in CI
+    "CPU": Hardware("CPU", bandwidth=20e9, l2_bandwidth=60e9,
+                    flops={"bfloat16": 0.3e12, "float16": 0.3e12, "float32": 0.5e12},
+                    simt_flops=0.2e12, int_ops=0.2e12, launch_s=5e-6, sector_bytes=64, coalesce_bytes=64),
+}
+
+
+def measure(device: str | torch.device | None = None, n_bytes: int = 1 << 30, gemm: int = 8192) -> dict[str, float]:
+    """Measured copy bandwidth (read + write bytes/s) and bf16 GEMM FLOP/s on ``device``."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from .profiling import time_callable
+    src = torch.empty(n_bytes // 2, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    t = time_callable(lambda: dst.copy_(src), dev, repeats=20, warmup=5)
+    out = {"bandwidth": 2 * src.numel() / t}
+    if dev.type == "cuda":
+        a = torch.randn(gemm, gemm, device=dev, dtype=torch.bfloat16)
+        b = torch.randn(gemm, gemm, device=dev, dtype=torch.bfloat16)
+        t = time_callable(lambda: a @ b, dev, repeats=20, warmup=5)
+        out["flops_bfloat16"] = 2 * gemm ** 3 / t
+        out["device"] = torch.cuda.get_device_name(dev)
+    return out

@@ -1,0 +1,374 @@
+"""Profiling oracle: times the kernels a strategy changes, caching every measurement in SQLite.
+
+A measurement is one unit (a compute kernel, or a residual copy) in one
+configuration, described by a :class:`~cost_models.accounting.UnitSpec`.  The
+oracle asks a pluggable **timer** ``timer(spec) -> seconds``; the cache key is
+``spec.key()`` (ops, shapes, dtypes, I/O maps with storages renamed
+positionally, launch configuration) plus the timer's name and the device, so
+the same kernel in two layers, or in a second search, is measured once.  A
+timer that raises (a kernel that fails to compile or launch) records the
+configuration as infeasible (``inf``) rather than failing the search.
+
+The default timer, :class:`ReferenceTimer`, is real: it runs the kernel's ATen
+ops on random non-zero data, gathering each virtual input through its resolved
+map with torch indexing (a strided view when the map is one non-negative affine
+piece) and scattering each virtual output through its map; a residual copy is a
+real indexed copy.  Index tensors are built before the timed region.  The
+Triton kernels of :mod:`vtcsearch.kernels` plug in as another timer with the
+same signature (``launch(spec)`` may add a launch configuration to the key).
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import sqlite3
+import statistics
+import time
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import torch
+
+from vtcsearch.expr import evaluate
+from vtcsearch.mapping import IndexMap, Piece
+
+from .accounting import UnitSpec
+from .base import CostOracle, Objective, UnitCost
+
+
+class Timer(Protocol):
+    """Anything that times one unit: ``timer(spec) -> seconds`` with a stable ``name``."""
+
+    name: str
+
+    def __call__(self, spec: UnitSpec) -> float: ...
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda:{torch.cuda.get_device_name(device)}"
+    return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def time_callable(fn: Callable[[], Any], device: torch.device | str, repeats: int = 10, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` after warm-up: CUDA events on a GPU, perf_counter on a CPU."""
+    device = torch.device(device)
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        times = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        return statistics.median(times)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------------------
+# the reference timer
+# ---------------------------------------------------------------------------
+
+def _random_flat(n: int, dtype: torch.dtype, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+    if dtype.is_floating_point:
+        return (torch.rand(n, generator=gen, device="cpu") + 0.5).to(device=device, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.ones(n, dtype=torch.bool, device=device)
+    return torch.randint(1, 8, (n,), generator=gen, device="cpu").to(device=device, dtype=dtype)
+
+
+class _Access:
+    """How one operand is read or written: a strided view, or per-piece index tensors."""
+
+    def __init__(self, m: IndexMap, flats: Mapping[str, torch.Tensor], strides: Mapping[str, Sequence[int]],
+                 tables: Mapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        self.shape, self.dtype, self.device = tuple(m.shape), dtype, device
+        self.view = None
+        self.pieces: list[tuple[tuple[slice, ...], torch.Tensor | None, torch.Tensor | None, str | None, float]] = []
+        if len(m.pieces) == 1 and self._try_view(m.pieces[0], flats, strides):
+            return
+        for p in m.pieces:
+            sl = tuple(slice(lo, hi) for lo, hi in p.region)
+            env = self._env(p, device)
+            mask = None
+            for ce, lo, hi in p.conds:
+                v = torch.as_tensor(evaluate(ce, env, tables), device=device)
+                c = (v >= lo) & (v < hi)
+                mask = c if mask is None else mask & c
+            if mask is not None:
+                mask = torch.broadcast_to(mask, [hi - lo for lo, hi in p.region]).contiguous()
+            if p.target is None:
+                self.pieces.append((sl, None, mask, None, float(p.fill or 0.0)))
+                continue
+            off = p.offset(strides[p.target])
+            idx = torch.as_tensor(evaluate(off, env, tables), device=device, dtype=torch.long)
+            idx = torch.broadcast_to(idx, [hi - lo for lo, hi in p.region]).contiguous()
+            self.pieces.append((sl, idx, mask, p.target, 0.0))
+
+    @staticmethod
+    def _env(p: Piece, device: torch.device) -> dict[str, Any]:
+        n = len(p.region)
+        env: dict[str, Any] = {}
+        for k, (lo, hi) in enumerate(p.region):
+            shape = [1] * n
+            shape[k] = hi - lo
+            env[f"i{k}"] = torch.arange(lo, hi, device=device).view(shape)
+        syms = {s for e in p.index for s in e.syms()} | {s for c, _, _ in p.conds for s in c.syms()}
+        env.update({s.name: s.lo for s in syms})
+        return env
+
+    def _try_view(self, p: Piece, flats, strides) -> bool:
+        if p.target is None or p.conds or any((lo, hi) != (0, s) for (lo, hi), s in zip(p.region, self.shape)):
+            return False
+        off = p.offset(strides[p.target])
+        if not off.is_affine() or off.syms():
+            return False
+        st = []
+        for k in range(len(self.shape)):
+            c = sum(cf for a, cf in off.terms if getattr(a, "name", None) == f"i{k}")
+            if c < 0:
+                return False
+            st.append(c)
+        self.view = (p.target, tuple(st), off.const)
+        return True
+
+    def read(self, flats: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        if self.view is not None:
+            s, st, c = self.view
+            return flats[s].as_strided(self.shape, st, c)
+        out = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        for sl, idx, mask, target, fill in self.pieces:
+            if target is None:
+                vals = torch.full([x.stop - x.start for x in sl], fill, dtype=self.dtype, device=self.device)
+            else:
+                vals = flats[target][idx].to(self.dtype)
+            if mask is None:
+                out[sl] = vals
+            else:
+                out[sl] = torch.where(mask, vals, out[sl])
+        return out
+
+    def write(self, value: torch.Tensor, flats: Mapping[str, torch.Tensor]) -> None:
+        if self.view is not None:
+            s, st, c = self.view
+            flats[s].as_strided(self.shape, st, c).copy_(value)
+            return
+        for sl, idx, mask, target, _ in self.pieces:
+            if target is None:
+                continue
+            v = value[sl]
+            if mask is None:
+                flats[target][idx.reshape(-1)] = v.reshape(-1).to(flats[target].dtype)
+            else:
+                flats[target][idx[mask]] = v[mask].to(flats[target].dtype)
+
+
+class ReferenceTimer:
+    """Times a unit's reference implementation (ATen ops + indexed gathers/scatters) on a real device."""
+
+    name = "ref-torch"
+
+    def __init__(self, device: str | torch.device | None = None, repeats: int = 10, warmup: int = 2,
+                 max_elements: int = 1 << 28, seed: int = 0):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.repeats, self.warmup, self.max_elements, self.seed = repeats, warmup, max_elements, seed
+
+    def launch(self, spec: UnitSpec) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, spec: UnitSpec) -> Callable[[], Any]:
+        """Allocate storages and index tensors; return the callable to time."""
+        dev = self.device
+        gen = torch.Generator().manual_seed(self.seed)
+        flats: dict[str, torch.Tensor] = {}
+        strides = {s: st for s, (_, st, _) in spec.storages.items()}
+        for s, (shape, st, dt) in spec.storages.items():
+            n = 1 + sum((d - 1) * x for d, x in zip(shape, st)) if shape else 1
+            if n > self.max_elements:
+                raise MemoryError(f"storage {s} has {n} elements (> {self.max_elements})")
+            flats[s] = _random_flat(max(n, 1), dt, dev, gen)
+        tables = self._tables(spec, dev, gen)
+        accesses = [(o, _Access(o.map, flats, strides, tables, dev, o.dtype)) for o in spec.operands]
+        if spec.kind == "copy":
+            pairs = []
+            for i in range(0, len(accesses), 2):
+                dst, src = accesses[i][1], accesses[i + 1][1]
+                shared = {p[3] for p in dst.pieces} | ({dst.view[0]} if dst.view else set())
+                srcs = {p[3] for p in src.pieces} | ({src.view[0]} if src.view else set())
+                pairs.append((dst, src, bool(shared & srcs)))   # overlapping views need a staging copy
+
+            def run_copy() -> None:
+                for dst, src, stage in pairs:
+                    v = src.read(flats)
+                    dst.write(v.clone() if stage and src.view is not None else v, flats)
+            return run_copy
+        ops = spec.ops
+        reads = [(o.tensor, a) for o, a in accesses if o.role == "r"]
+        writes = [(o.tensor, a) for o, a in accesses if o.role == "w"]
+
+        def run_kernel() -> None:
+            env = {t: a.read(flats) for t, a in reads}
+            for op in ops:
+                node = op.node
+                args = _subst(node.args, env, dev)
+                kwargs = _subst(dict(node.kwargs), env, dev)
+                res = node.target(*args, **kwargs)
+                vals = [r for r in res if isinstance(r, torch.Tensor)] if isinstance(res, (tuple, list)) else [res]
+                for name, val in zip(op.outputs, vals):
+                    env[name] = val
+            for t, a in writes:
+                a.write(env[t], flats)
+        return run_kernel
+
+    def _tables(self, spec: UnitSpec, dev, gen) -> dict[str, torch.Tensor]:
+        bounds: dict[str, tuple[int, int]] = {}
+        for o in spec.operands:
+            for p in o.map.pieces:
+                for e in list(p.index) + [c for c, _, _ in p.conds]:
+                    for lk in e.lookups():
+                        lo, hi = bounds.get(lk.table, (lk.lo, lk.hi))
+                        bounds[lk.table] = (max(lo, lk.lo), min(hi, lk.hi))
+        out = {}
+        for name, (lo, hi) in bounds.items():
+            shape = spec.tables.get(name, ((1,), torch.long))[0]
+            out[name] = torch.randint(lo, max(lo, hi) + 1, tuple(shape), generator=gen).to(dev)
+        return out
+
+    def __call__(self, spec: UnitSpec) -> float:
+        fn = self.prepare(spec)
+        with torch.no_grad():
+            return time_callable(fn, self.device, self.repeats, self.warmup)
+
+
+def _subst(a: Any, env: Mapping[str, torch.Tensor], dev: torch.device) -> Any:
+    if isinstance(a, torch.fx.Node):
+        if a.name not in env:
+            raise KeyError(f"kernel input {a.name} not available")
+        return env[a.name]
+    if isinstance(a, torch.device):
+        return dev
+    if isinstance(a, tuple):
+        return tuple(_subst(x, env, dev) for x in a)
+    if isinstance(a, list):
+        return [_subst(x, env, dev) for x in a]
+    if isinstance(a, dict):
+        return {k: _subst(v, env, dev) for k, v in a.items()}
+    return a
+
+
+# ---------------------------------------------------------------------------
+# the measurement store
+# ---------------------------------------------------------------------------
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS measurements (
+    key TEXT NOT NULL, timer TEXT NOT NULL, device TEXT NOT NULL,
+    seconds REAL, feasible INTEGER NOT NULL, error TEXT, kind TEXT, name TEXT,
+    repeats INTEGER, created TEXT, spec TEXT,
+    PRIMARY KEY (key, timer, device));
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT);
+"""
+
+
+def key_hash(key: str) -> str:
+    """The stored key: a digest of ``UnitSpec.key()`` (keys are long; files stay small)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+class MeasurementStore:
+    """SQLite table of unit timings keyed by (hash of the spec key, timer, device); safe for several processes.
+
+    ``keep_specs=True`` also stores each key's full text (for debugging; files grow ~1 KB a row).
+    """
+
+    def __init__(self, path: str | os.PathLike = ":memory:", keep_specs: bool = False):
+        self.keep_specs = keep_specs
+        self.path = str(path)
+        if self.path != ":memory:":
+            os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self.conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self.conn.executescript(SCHEMA)
+
+    def get(self, key: str, timer: str, device: str) -> tuple[float, bool, str | None] | None:
+        row = self.conn.execute("SELECT seconds, feasible, error FROM measurements WHERE key=? AND timer=? AND device=?",
+                                (key_hash(key), timer, device)).fetchone()
+        if row is None:
+            return None
+        sec = row[0] if row[0] is not None else math.inf
+        return float(sec), bool(row[1]), row[2]
+
+    def put(self, key: str, timer: str, device: str, seconds: float, feasible: bool, error: str | None,
+            kind: str, name: str, repeats: int) -> None:
+        self.conn.execute("INSERT OR REPLACE INTO measurements VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                          (key_hash(key), timer, device, seconds if math.isfinite(seconds) else None, int(feasible),
+                           error, kind, name, repeats,
+                           _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                           key if self.keep_specs else None))
+
+    def set_meta(self, **kv: Any) -> None:
+        for k, v in kv.items():
+            self.conn.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (k, json.dumps(v)))
+
+    def meta(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self.conn.execute("SELECT k, v FROM meta")}
+
+    def rows(self) -> list[tuple]:
+        return self.conn.execute("SELECT key, timer, device, seconds, feasible, error, kind, name, spec "
+                                 "FROM measurements").fetchall()
+
+    def __len__(self) -> int:
+        return self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class ProfilingOracle(CostOracle):
+    """Measures each (unit, configuration) once with ``timer`` and caches it in ``db`` (SQLite)."""
+
+    name = "profiling"
+
+    def __init__(self, db: str | os.PathLike = ":memory:", timer: Timer | None = None,
+                 device: str | torch.device | None = None, objective: Objective | None = None,
+                 repeats: int = 10, warmup: int = 2, keep_specs: bool = False):
+        super().__init__(objective)
+        self.timer = timer or ReferenceTimer(device, repeats=repeats, warmup=warmup)
+        dev = getattr(self.timer, "device", None) or torch.device(device or "cpu")
+        self.device = device_name(torch.device(dev))
+        self.store = MeasurementStore(db, keep_specs)
+        self.store.set_meta(device=self.device, timer=self.timer.name, torch=torch.__version__)
+        self.repeats = repeats
+
+    def measure(self, spec: UnitSpec) -> UnitCost:
+        launch = getattr(self.timer, "launch", None)
+        if launch is not None:
+            spec.launch = dict(launch(spec) or {})
+            spec._key = None
+        key = spec.key()
+        hit = self.store.get(key, self.timer.name, self.device)
+        if hit is not None:
+            self.stats.cache_hits += 1
+            sec, ok, err = hit
+            return UnitCost(sec if ok else math.inf, feasible=ok, detail={"error": err} if err else {})
+        self.stats.measurements += 1
+        try:
+            sec, ok, err = float(self.timer(spec)), True, None
+        except Exception as e:  # infeasible configuration: recorded, not raised
+            sec, ok, err = math.inf, False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        self.store.put(key, self.timer.name, self.device, sec, ok, err, spec.kind, spec.unit.name, self.repeats)
+        return UnitCost(sec if ok else math.inf, feasible=ok, detail={"error": err} if err else {})
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "timer": self.timer.name, "device": self.device, "db": self.store.path}

@@ -1,0 +1,439 @@
+"""Exact search with OR-Tools CP-SAT over options, resolution trees and kernel configurations.
+
+What a unit's cost depends on (see :mod:`cost_models.accounting`): a kernel's
+cost is a function of the resolved maps of its I/O tensors, a residual copy's
+of the maps on both sides of its op.  A tensor's map is a function of its
+*resolution tree* (its option, then its targets' trees, down to physical
+storages).  The model:
+
+* ``x[o]``: option ``o`` taken; at most one per tensor (coverage: an option
+  covers its tensor whole); conflicting edges of different options exclude
+  each other; ``rank[src] > rank[dst]`` for every edge of a taken option
+  (acyclicity).
+* ``y[t, T]``: tensor ``t`` resolves through tree ``T``.  ``y[t, PHYS] = 1 -
+  sum x[t, .]`` and ``y[t, (o, T1..Tk)] <=> x[o] AND y[d1, T1] AND ...``;
+  exactly one per tensor.  Trees are enumerated over simple paths (an acyclic
+  strategy has no others), at most ``max_trees`` per tensor.
+* ``w[t, m]``: ``t``'s map is ``m`` (the sum of the ``y`` whose trees compose
+  to ``m``); writes through non-injective or read-only maps are forbidden.
+* ``z[u, (m1..mk)]``: unit ``u``'s configuration, exactly one per unit, each
+  implying the ``w`` of its tensors; its cost is one oracle query (one
+  measurement with the profiling oracle): polynomially many, as each unit
+  has a bounded number of tensors.
+* Objective: latency ``sum cost * z`` (integer picoseconds), peak memory
+  (``AddCumulative`` over optional intervals, one per storage that may be
+  physical, whose start/end are the earliest write / latest read of any tensor
+  resolving into it, with the capacity as a variable), a weighted mix, or
+  latency under a memory cap.
+
+So the optimum equals the exhaustive one for the oracle.  Rules the model does
+not state (aliasing hazards, which depend on value classes) are enforced
+lazily: the solution is validated by the core, and an invalid one is cut off
+and the model solved again.  The cut forbids the trees of the tensors around
+the violated storage (:func:`_local_nogood`), not the whole assignment; it
+assumes the violation does not depend on choices away from that storage,
+which holds for the hazards the core reports (tests compare with exhaustive
+search).
+
+When the caps (``max_trees`` per tensor, ``max_configs`` per unit) cut the
+space, the result is reported as ``feasible`` rather than ``optimal``; the
+greedy solution is then computed first, kept inside the capped space and
+used as the starting hint (``warm_start``), so the ILP is never worse than
+greedy.  ``budget``: time limit in seconds for CP-SAT (default 60);
+``workers``: CP-SAT threads (1).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from typing import Any
+
+from cost_models import CostOracle
+from cost_models.accounting import PHYS, LocalStrategy
+from vtcsearch.strategy import StrategyError
+from vtcsearch.vtog import VTOG
+
+from .base import Run, SolveResult
+
+NAME = "ilp"
+PS = 1e12   # latency in integer picoseconds
+
+
+def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int = 0, workers: int = 1,
+          max_trees: int = 128, max_configs: int = 1024, max_cuts: int = 50,
+          hint: list[int] | None = None, warm_start: bool | None = None) -> SolveResult:
+    from ortools.sat.python import cp_model
+    run = Run(NAME, vtog, oracle)
+    acc = oracle.accounting(vtog)
+    obj = oracle.objective
+    m = cp_model.CpModel()
+    info: dict[str, Any] = {"complete": True}
+
+    # -- options, conflicts, acyclicity -----------------------------------------------------------
+    x = {o.id: m.new_bool_var(f"x{o.id}") for o in vtog.options if o.id not in acc.option_bad}
+    for t, os_ in acc.options_of.items():
+        lits = [x[o] for o in os_ if o in x]
+        if len(lits) > 1:
+            m.add_at_most_one(lits)
+    edge_opts: dict[int, list[int]] = defaultdict(list)
+    for o in x:
+        for e in acc.option_edges[o]:
+            edge_opts[e.id].append(o)
+    for pair in vtog.conflicts:
+        a, b = tuple(pair)
+        for oa in edge_opts.get(a, []):
+            for ob in edge_opts.get(b, []):
+                if oa != ob and acc.option_tensor[oa] != acc.option_tensor[ob]:
+                    m.add_bool_or([x[oa].Not(), x[ob].Not()])
+    nodes = sorted(acc.nodes)
+    rank = {t: m.new_int_var(0, len(nodes), f"r_{i}") for i, t in enumerate(nodes)}
+    for o, lit in x.items():
+        t = acc.option_tensor[o]
+        for d in acc.option_targets[o]:
+            m.add(rank[t] >= rank[d] + 1).only_enforce_if(lit)
+
+    # -- resolution trees ----------------------------------------------------------------------------
+    trees: dict[str, list[int]] = {}
+    for t in nodes:
+        ts, complete = acc.enumerate_trees(t, max_trees)
+        trees[t] = ts
+        info["complete"] &= complete
+    # a model restricted by the caps keeps the greedy solution reachable (and starts from it)
+    protected: dict[str, str] = {}
+    n_keys = {t: len({acc.key_of(t, tid) for tid in trees[t]}) for t in nodes}
+    capped = any(math.prod(n_keys.get(t, 1) for t in u.tensors) > max_configs for u in acc.units)
+    if warm_start or (warm_start is None and (capped or not info["complete"])):
+        from . import greedy
+        g = greedy.solve(vtog, oracle)
+        hint = list(g.options) if hint is None else hint
+        info["warm_start_objective"] = g.objective
+        gtrees = acc.trees_of_choice({acc.option_tensor[o]: o for o in g.options})
+        for t, tid in gtrees.items():
+            if tid not in trees[t]:
+                trees[t].append(tid)
+            protected[t] = acc.key_of(t, tid)
+    y: dict[tuple[str, int], Any] = {}
+    for t in nodes:
+        for tid in trees[t]:
+            y[t, tid] = m.new_bool_var("")
+    for t in nodes:
+        own = [x[o] for o in acc.options_of.get(t, []) if o in x]
+        m.add(y[t, PHYS] + sum(own) == 1)
+        keep = [y[t, PHYS]]
+        by_opt: dict[int, list[int]] = defaultdict(list)
+        for tid in trees[t][1:]:
+            o = acc.tree_option(tid)
+            ch = acc._trees[tid][1]
+            subs = [y.get((d, c)) for d, c in zip(acc.option_targets[o], ch)]
+            if any(s is None for s in subs):     # a child tree beyond max_trees: drop this tree
+                m.add(y[t, tid] == 0)
+                info["complete"] = False
+                continue
+            lits = [x[o]] + subs
+            m.add_bool_and(lits).only_enforce_if(y[t, tid])
+            m.add_bool_or([y[t, tid]] + [lt.Not() for lt in lits])
+            keep.append(y[t, tid])
+            by_opt[o].append(tid)
+        m.add_exactly_one(keep)
+        # tight linking (what makes the LP bound useful): a taken option has exactly one tree,
+        # and the trees choosing child c at a position sum to at most y[child, c]
+        for o, tids in by_opt.items():
+            m.add(sum(y[t, tid] for tid in tids) == x[o])
+            for i, d in enumerate(acc.option_targets[o]):
+                by_child: dict[int, list] = defaultdict(list)
+                for tid in tids:
+                    by_child[acc._trees[tid][1][i]].append(y[t, tid])
+                if len(acc.option_targets[o]) > 1:
+                    for c, ys in by_child.items():
+                        m.add(sum(ys) <= y[d, c])
+
+    # -- map indicators ----------------------------------------------------------------------------------
+    wvar: dict[tuple[str, str], Any] = {}
+    keys_of: dict[str, list[str]] = {}
+
+    def maps_of(t: str) -> list[str]:
+        if t in keys_of:
+            return keys_of[t]
+        if t not in acc.nodes:
+            keys_of[t] = [acc.key_of(t, PHYS)]
+            wvar[t, keys_of[t][0]] = 1
+            return keys_of[t]
+        groups: dict[str, list] = {}
+        for tid in trees[t]:
+            groups.setdefault(acc.key_of(t, tid), []).append(y[t, tid])
+        for k, ys in groups.items():
+            if len(ys) == 1:
+                wvar[t, k] = ys[0]
+            else:
+                v = m.new_bool_var("")
+                m.add(v == sum(ys))
+                wvar[t, k] = v
+        keys_of[t] = list(groups)
+        return keys_of[t]
+
+    written = acc.compute_written()
+    for t in nodes:
+        if t in written:
+            for k in maps_of(t):
+                if not k.startswith("phys:") and not acc.writable(acc.map_by_key(t, k), k):
+                    m.add(wvar[t, k] == 0)
+
+    # -- unit configurations -------------------------------------------------------------------------------
+    lat_terms: list[tuple[int, Any]] = []
+    const_ps = 0
+    n_configs = 0
+    for u in acc.units:
+        ks = [maps_of(t) for t in u.tensors]
+        ks = _cap_configs(u, ks, max_configs, wvar, m, info, protected)
+        varying = [i for i, k in enumerate(ks) if len(k) > 1]
+        combos = list(itertools.product(*ks))
+        n_configs += len(combos)
+        lits_costs = []
+        for combo in combos:
+            keys = tuple(combo)
+            c = oracle.unit_cost(acc, u, keys) if obj.needs_latency else None
+            ok = c is None or math.isfinite(c.seconds)
+            if ok and u.kind == "copy":
+                ok = _copy_writable(acc, u, keys)
+            lits_costs.append((keys, ok, 0 if c is None or not ok else int(round(c.seconds * PS))))
+        if not varying:
+            keys, ok, ps = lits_costs[0]
+            if not ok:
+                info.setdefault("infeasible_units", []).append(u.name)
+            const_ps += ps
+            continue
+        if len(varying) == 1:
+            i = varying[0]
+            for keys, ok, ps in lits_costs:
+                lit = wvar[u.tensors[i], keys[i]]
+                if not ok:
+                    m.add(lit == 0)
+                elif ps:
+                    lat_terms.append((ps, lit))
+            continue
+        zs = []
+        marg: dict[tuple[int, str], list] = defaultdict(list)
+        for keys, ok, ps in lits_costs:
+            z = m.new_bool_var("")
+            zs.append(z)
+            for i in varying:
+                marg[i, keys[i]].append(z)
+            if not ok:
+                m.add(z == 0)
+            elif ps:
+                lat_terms.append((ps, z))
+        m.add_exactly_one(zs)
+        # marginals: the configurations agreeing with tensor i's map sum to that map's indicator
+        for (i, k), group in marg.items():
+            m.add(sum(group) == wvar[u.tensors[i], k])
+    info["configurations"] = n_configs
+    lat_expr = cp_model.LinearExpr.weighted_sum([v for _, v in lat_terms], [c for c, _ in lat_terms]) + const_ps
+
+    # -- memory ---------------------------------------------------------------------------------------------
+    cap_var = None
+    if obj.needs_memory:
+        cap_var = _memory_model(m, acc, trees, maps_of, wvar)
+        if obj.memory_cap is not None:
+            m.add(cap_var + acc.const_bytes <= int(obj.memory_cap))
+    m.minimize(_integral_objective(obj, lat_expr, cap_var))
+
+    # -- solve, validate, cut ----------------------------------------------------------------------------------
+    solver = cp_model.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.random_seed = seed
+    solver.parameters.linearization_level = 2   # the LP relaxation closes the gap on these models
+    limit = 60.0 if budget is None else float(budget)
+    t_solve = run.elapsed()
+    if hint:
+        for o, lit in x.items():
+            m.add_hint(lit, o in hint)
+    cuts = 0
+    status_name = "unknown"
+    chosen: list[int] = []
+    strategy = None
+    while True:
+        solver.parameters.max_time_in_seconds = max(0.1, limit - (run.elapsed() - t_solve))
+        st = solver.solve(m)
+        status_name = solver.status_name(st)
+        if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        chosen = [o for o, lit in x.items() if solver.boolean_value(lit)]
+        s = LocalStrategy(vtog, [e for o in chosen for e in vtog.options[o].edges], acc)
+        run.record(_model_objective(solver, obj, lat_expr, cap_var, acc), cut=cuts, status=status_name)
+        try:
+            s.validate()
+            strategy = s
+            break
+        except StrategyError as e:
+            cuts += 1
+            info.setdefault("cut_reasons", []).append(e.rule)
+            if cuts > max_cuts or run.elapsed() - t_solve > limit:
+                break
+            on = set(chosen)
+            lits = _local_nogood(acc, on, e.tensor, y)
+            m.add_bool_or(lits if lits is not None else [lit.Not() if o in on else lit for o, lit in x.items()])
+            m.clear_hints()
+            for o, lit in x.items():
+                m.add_hint(lit, o in on)
+    info.update(cuts=cuts, solver_status=status_name, build_s=t_solve, solve_s=run.elapsed() - t_solve,
+                model_objective=solver.objective_value if strategy is not None else None)
+    if strategy is None:
+        # no valid solution within the limits: fall back to all physical (always valid)
+        info["fallback"] = "none"
+        return run.finish([], "feasible", info)
+    status = "optimal" if status_name == "OPTIMAL" and info["complete"] else "feasible"
+    return run.finish(chosen, status, info, validated=strategy)
+
+
+def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
+    """A cut excluding the current trees of the tensors around a violation (None: use a full no-good).
+
+    Validity rules that the model does not state (hazards, clobbered base
+    copies) depend on the events on the storages the named tensor lives in:
+    the tensors resolving into those storages, and the other tensors of their
+    movement ops (whose maps decide the residual copies).  The cut forbids
+    that combination of trees, so unrelated choices elsewhere do not each need
+    a cut of their own.
+    """
+    choice = {acc.option_tensor[o]: o for o in chosen}
+    try:
+        trees = acc.trees_of_choice(choice)
+    except ValueError:
+        return None
+    if tensor not in acc.graph.tensors:
+        return None
+    storages = acc.map_of(tensor, trees.get(tensor, PHYS)).targets()
+    near = {t for t in acc.nodes if acc.map_of(t, trees.get(t, PHYS)).targets() & storages}
+    near.add(tensor) if tensor in acc.nodes else None
+    for t in list(near):
+        for opname in [acc.graph.tensors[t].producer, *acc.graph.tensors[t].consumers]:
+            op = acc.graph.ops.get(opname)
+            if op is not None and op.kind == "movement":
+                near.update(x for x in op.inputs + op.outputs if x in acc.nodes)
+    lits = [y[t, trees.get(t, PHYS)].Not() for t in sorted(near) if (t, trees.get(t, PHYS)) in y]
+    return lits or None
+
+
+def configuration_space(vtog: VTOG, oracle: CostOracle, max_trees: int = 128,
+                        max_configs: int = 1024) -> list[tuple[Any, tuple[str, ...]]]:
+    """Every (unit, configuration) the ILP asks the oracle about (no solver needed: for recording runs).
+
+    The same enumeration as :func:`solve` without its greedy-protected maps
+    (identical whenever no cap binds).
+    """
+    acc = oracle.accounting(vtog)
+    keys: dict[str, list[str]] = {}
+    for t in sorted(acc.nodes):
+        trees, _ = acc.enumerate_trees(t, max_trees)
+        keys[t] = list(dict.fromkeys(acc.key_of(t, tid) for tid in trees))
+    out = []
+    for u in acc.units:
+        ks = [keys.get(t, [acc.key_of(t, PHYS)]) for t in u.tensors]
+        while math.prod(len(k) for k in ks) > max_configs:
+            i = max(range(len(ks)), key=lambda j: len(ks[j]))
+            ks[i] = ks[i][:-1]
+        out.extend((u, tuple(c)) for c in itertools.product(*ks))
+    return out
+
+
+def _cap_configs(u, ks: list[list[str]], max_configs: int, wvar, m, info,
+                 protected: dict[str, str]) -> list[list[str]]:
+    """Keep a unit's configurations under ``max_configs`` by dropping the maps of the largest trees.
+
+    Maps come smallest tree first; a dropped map is forbidden for its tensor
+    everywhere (the search space shrinks, every solution stays valid), and the
+    result is no longer proven optimal.
+    """
+    if math.prod(len(k) for k in ks) <= max_configs:
+        return ks
+    ks = [list(k) for k in ks]
+    while math.prod(len(k) for k in ks) > max_configs:
+        i = max(range(len(ks)), key=lambda j: len(ks[j]))
+        keep = {ks[i][0], protected.get(u.tensors[i])}
+        drop = next((k for k in reversed(ks[i]) if k not in keep), None)
+        if drop is None:
+            break
+        ks[i].remove(drop)
+        k = drop
+        lit = wvar[u.tensors[i], k]
+        if not isinstance(lit, int):
+            m.add(lit == 0)
+    info["complete"] = False
+    info.setdefault("capped_units", []).append(u.name)
+    return ks
+
+
+def _copy_writable(acc, u, keys) -> bool:
+    from vtcsearch.mapping import IndexMap
+    copies = acc.copies(u, keys)
+    if copies is None:
+        return False
+    for domain, pairs in copies:
+        dm = IndexMap(domain, [d for d, _ in pairs], {p.target: acc.graph.tensors[p.target].shape
+                                                      for p, _ in pairs if p.target})
+        if not acc.writable(dm):
+            return False
+    return True
+
+
+def _memory_model(m, acc, trees, maps_of, wvar):
+    """Cumulative over storage lifetimes; returns the capacity variable (peak minus constant storages)."""
+    horizon = acc.n_steps + 2
+    intervals, demands = [], []
+    lands: dict[str, list[tuple[Any, int, int]]] = defaultdict(list)   # storage -> (lit, start, end)
+    for t in acc.graph.tensors:
+        a, b = acc.span[t]
+        for k in maps_of(t):
+            for s in acc.map_by_key(t, k).targets():
+                if s in acc.intermediate:
+                    lands[s].append((wvar[t, k], a + 1, b + 1))
+    total = 0
+    for s in acc.intermediate:
+        size = acc.graph.tensors[s].nbytes
+        total += size
+        ls = lands.get(s, [])
+        if s not in acc.nodes:
+            lo = min(a for _, a, _ in ls)
+            hi = max(b for _, _, b in ls)
+            intervals.append(m.new_interval_var(lo, hi + 1 - lo, hi + 1, ""))
+            demands.append(size)
+            continue
+        present = wvar[s, acc.key_of(s, PHYS)]
+        st = m.new_int_var(0, horizon, "")
+        en = m.new_int_var(0, horizon, "")
+        for lit, a, b in ls:
+            if isinstance(lit, int):
+                m.add(st <= a)
+                m.add(en >= b)
+            else:
+                m.add(st <= a).only_enforce_if(lit)
+                m.add(en >= b).only_enforce_if(lit)
+        size_var = m.new_int_var(0, horizon + 1, "")
+        m.add(size_var == en + 1 - st)
+        intervals.append(m.new_optional_interval_var(st, size_var, en + 1, present, ""))
+        demands.append(size)
+    cap = m.new_int_var(0, total, "peak")
+    m.add_cumulative(intervals, demands, cap)
+    return cap
+
+
+def _integral_objective(obj, lat_expr, cap_var):
+    """Integer objective: CP-SAT's scaling of tiny float coefficients is not exact enough.
+
+    Latency is in picoseconds and memory in bytes; for a mix both weights are
+    scaled by one factor so the smaller becomes ~1e6 (relative error <= 1e-6).
+    """
+    if not obj.memory_weight:
+        return lat_expr
+    if not obj.latency_weight:
+        return cap_var
+    wl, wm = obj.latency_weight / PS, obj.memory_weight     # seconds per picosecond, per byte
+    k = 1e6 / min(wl, wm)
+    return int(round(wl * k)) * lat_expr + int(round(wm * k)) * cap_var
+
+
+def _model_objective(solver, obj, lat_expr, cap_var, acc) -> float:
+    lat = solver.value(lat_expr) / PS if obj.needs_latency else 0.0
+    peak = acc.const_bytes + solver.value(cap_var) if cap_var is not None else None
+    return obj.value(lat, peak)

@@ -1,0 +1,17 @@
+"""Reference: every tensor physical (what a compiler without virtual tensors runs)."""
+from __future__ import annotations
+
+from cost_models import CostOracle
+from vtcsearch.vtog import VTOG
+
+from .base import Run, SolveResult
+
+NAME = "none"
+
+
+def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int = 0) -> SolveResult:
+    run = Run(NAME, vtog, oracle)
+    res = run.finish([], "reference")
+    run.record(res.objective)
+    res.trace = run.trace
+    return res

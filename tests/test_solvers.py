@@ -1,0 +1,223 @@
+"""Solvers: valid strategies everywhere, ILP == exhaustive, reproducible Optuna, scale smoke, cached profiling."""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import random
+import sys
+import time
+import warnings
+
+import pytest
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
+
+from cost_models import AnalyticalOracle, CostOracle, Objective, UnitCost  # noqa: E402
+from cost_models.profiling import ProfilingOracle  # noqa: E402
+from experiments.synthetic import random_vtog, small_vtogs  # noqa: E402
+from solvers import SOLVERS, SolverRefused, get_solver  # noqa: E402
+from vtcsearch.vtog import TYPE_I, build_vtog  # noqa: E402
+
+warnings.filterwarnings("ignore")
+
+# meta-device sizes where bytes, not launches, dominate (and reshape-map injectivity checks stay cheap)
+SIZES = dict(batch=2, seq=128, dims=(128, 256, 512))
+N_EXACT = 50
+
+
+def _tol(x: float) -> float:
+    return 1e-9 * max(1.0, abs(x)) + 1e-10
+
+
+@pytest.fixture(scope="module")
+def exact_vtogs():
+    return small_vtogs(N_EXACT, max_points=2048, seed=7, motifs=(2, 5), **SIZES)
+
+
+@pytest.fixture(scope="module")
+def workload_vtogs():
+    try:
+        from experiments.workloads import build_workload
+    except ImportError:
+        return []
+    from vtcsearch.capture import capture
+    out = []
+    for name, kw in [("llama3", dict(part="attention")), ("gemma2", dict(part="attention")), ("shufflenet", {})]:
+        try:
+            w = build_workload(name, size="tiny", **kw)
+            out.append((name, build_vtog(capture(w.model, w.example_inputs))))
+        except Exception:
+            continue
+    return out
+
+
+def test_registry():
+    assert set(SOLVERS) == {"none", "all", "greedy", "ilp", "optuna", "exhaustive"} and len(SOLVERS) == 6
+    with pytest.raises(ValueError):
+        get_solver("annealing")
+
+
+def test_ilp_equals_exhaustive(exact_vtogs, record_property):
+    """The ILP is exact w.r.t. the oracle: on every VTOG small enough, it finds the exhaustive optimum."""
+    oracle = AnalyticalOracle("H200")
+    gaps = []
+    for v in exact_vtogs:
+        ex = get_solver("exhaustive")(v, oracle)
+        il = get_solver("ilp")(v, oracle, budget=30)
+        gr = get_solver("greedy")(v, oracle)
+        for r in (ex, il, gr):
+            r.strategy.validate()
+        assert il.status == "optimal"
+        assert abs(il.objective - ex.objective) <= _tol(ex.objective), (v.summary(), il.info, ex.info)
+        assert gr.objective >= ex.objective - _tol(ex.objective)      # nobody beats the optimum
+        gaps.append((gr.objective - ex.objective) / ex.objective)
+    record_property("greedy_gap_mean", sum(gaps) / len(gaps))
+    record_property("greedy_gap_max", max(gaps))
+    print(f"\ngreedy gap to the optimum over {len(gaps)} VTOGs: mean {100 * sum(gaps) / len(gaps):.2f}%, "
+          f"max {100 * max(gaps):.2f}%, optimal on {sum(g <= 1e-9 for g in gaps)}")
+
+
+class RandomCosts(CostOracle):
+    """Arbitrary (deterministic) costs per configuration: optima land anywhere, hazardous points included."""
+
+    name = "random"
+
+    def measure(self, spec):
+        h = int(hashlib.sha1(spec.key().encode()).hexdigest()[:8], 16)
+        return UnitCost(1e-6 * (1 + (h % 1000) / 100))
+
+
+def test_ilp_exact_with_hazard_cuts():
+    """KV-cache-style in-place updates: the ILP's lazily cut hazards keep it equal to exhaustive search."""
+    rng = random.Random(5)
+    vs, s = [], 0
+    while len(vs) < 25:
+        s += 1
+        v = random_vtog(rng.randint(2, 4), seed=900 + s, motifs=("cache", "linear", "slice", "act", "split_cat"),
+                        **SIZES)
+        opts: dict[str, int] = {}
+        for o in v.options:
+            opts[o.tensor] = opts.get(o.tensor, 0) + 1
+        if 2 <= math.prod(1 + k for k in opts.values()) <= 4096:
+            vs.append(v)
+    cuts = 0
+    for v in vs:
+        for oracle in (AnalyticalOracle("H200"), RandomCosts()):
+            ex = get_solver("exhaustive")(v, oracle)
+            il = get_solver("ilp")(v, oracle)
+            il.strategy.validate()
+            cuts += il.info.get("cuts", 0)
+            assert abs(il.objective - ex.objective) <= _tol(ex.objective)
+    assert cuts > 0      # the hazard path was exercised
+
+
+@pytest.mark.parametrize("objective", [Objective.memory(), Objective.mix(1e-3)], ids=["memory", "mix"])
+def test_ilp_equals_exhaustive_other_objectives(exact_vtogs, objective):
+    oracle = AnalyticalOracle("H200", objective=objective)
+    for v in exact_vtogs[:12]:
+        ex = get_solver("exhaustive")(v, oracle)
+        il = get_solver("ilp")(v, oracle, budget=30)
+        assert abs(il.objective - ex.objective) <= max(_tol(ex.objective), 1e-6 * abs(ex.objective))
+
+
+def test_memory_cap(exact_vtogs):
+    v = max(exact_vtogs, key=lambda v: len(v.options))
+    free = get_solver("ilp")(v, AnalyticalOracle("H200", objective=Objective.latency()))
+    least = get_solver("ilp")(v, AnalyticalOracle("H200", objective=Objective.memory()))
+    cap = (free.peak_bytes + least.peak_bytes) // 2 if free.peak_bytes > least.peak_bytes else least.peak_bytes
+    capped = get_solver("ilp")(v, AnalyticalOracle("H200", objective=Objective.latency(memory_cap=cap)))
+    assert capped.peak_bytes <= cap
+    assert capped.latency_s >= free.latency_s - _tol(free.latency_s)
+    ex = get_solver("exhaustive")(v, AnalyticalOracle("H200", objective=Objective.latency(memory_cap=cap)))
+    assert abs(ex.objective - capped.objective) <= _tol(ex.objective)
+
+
+def test_every_solver_valid_everywhere(exact_vtogs, workload_vtogs):
+    cases = [("synthetic", v) for v in exact_vtogs[:6]] + workload_vtogs
+    oracle = AnalyticalOracle("H200")
+    for label, v in cases:
+        base = None
+        for name in SOLVERS:
+            try:
+                r = get_solver(name)(v, oracle, budget=20 if name in ("optuna", "ilp") else None)
+            except SolverRefused as e:
+                assert name == "exhaustive" and "ilp" in str(e)
+                continue
+            r.strategy.validate()
+            assert math.isfinite(r.objective) and r.wall_s >= 0 and r.trace
+            if name == "none":
+                base = r.objective
+                assert not r.strategy.virtual
+            if name == "all":
+                assert all(e.cls == TYPE_I for es in r.strategy.chosen.values() for e in es)
+            if name in ("ilp", "exhaustive"):
+                assert r.objective <= base + _tol(base), (label, name)
+
+
+def test_exhaustive_refuses_large():
+    v = random_vtog(40, seed=1, **SIZES)
+    with pytest.raises(SolverRefused, match="ilp"):
+        get_solver("exhaustive")(v, AnalyticalOracle())
+
+
+def test_greedy_variants(exact_vtogs):
+    oracle = AnalyticalOracle("A100")
+    v = exact_vtogs[-1]
+    for refresh in ("paper", "lazy", "full"):
+        r = get_solver("greedy")(v, oracle, refresh=refresh)
+        r.strategy.validate()
+        assert r.info["refresh"] == refresh
+        assert r.trace[0]["round"] == 0
+    with pytest.raises(ValueError):
+        get_solver("greedy")(v, oracle, refresh="sometimes")
+
+
+def test_optuna_reproducible_and_resumable(exact_vtogs, tmp_path):
+    v = max(exact_vtogs, key=lambda v: len(v.options))
+    oracle = AnalyticalOracle("H200")
+    a = get_solver("optuna")(v, oracle, budget=25, seed=3)
+    b = get_solver("optuna")(v, oracle, budget=25, seed=3)
+    assert a.objective == b.objective and a.options == b.options
+    assert [t["objective"] for t in a.trace] == [t["objective"] for t in b.trace]
+    r = get_solver("optuna")(v, oracle, budget=10, seed=1, sampler="random")
+    r.strategy.validate()
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    first = get_solver("optuna")(v, oracle, budget=8, seed=0, storage=url, study_name="s")
+    again = get_solver("optuna")(v, oracle, budget=16, seed=0, storage=url, study_name="s")
+    assert first.info["trials"] == 8 and again.info["resumed_from"] == 8 and again.info["trials"] == 16
+    assert again.objective <= first.objective
+    pruned = get_solver("optuna")(v, oracle, budget=10, seed=0, infeasible="prune")
+    pruned.strategy.validate()
+
+
+def test_second_search_makes_no_measurements(tmp_path, exact_vtogs):
+    """The profiling oracle's SQLite cache: an identical second search measures nothing."""
+    v = random_vtog(4, seed=11)                  # CPU-sized tensors
+    db = tmp_path / "cache.sqlite"
+    first = get_solver("greedy")(v, ProfilingOracle(db, repeats=3, warmup=1))
+    assert first.measurements > 0
+    o2 = ProfilingOracle(db, repeats=3, warmup=1)
+    second = get_solver("greedy")(v, o2)
+    assert second.measurements == 0 and second.cache_hits > 0
+    il = get_solver("ilp")(v, ProfilingOracle(db, repeats=3, warmup=1))
+    il2 = get_solver("ilp")(v, ProfilingOracle(db, repeats=3, warmup=1))
+    assert il2.measurements == 0 and il2.objective == il.objective
+    il.strategy.validate()
+
+
+@pytest.mark.slow
+def test_scale_2000(record_property):
+    """Greedy and ILP on a ~2,000-node VTOG on one core (a generous smoke bound; scaling is measured by
+    ``python -m solvers.scaling``)."""
+    v = random_vtog(target_nodes=2000, seed=0, batch=2, seq=64, dims=(128, 256, 512))
+    assert v.nx.number_of_nodes() >= 2000
+    for name in ("greedy", "ilp"):
+        oracle = AnalyticalOracle("H200")
+        t0 = time.perf_counter()
+        r = get_solver(name)(v, oracle, **({"workers": 1} if name == "ilp" else {}))
+        dt = time.perf_counter() - t0
+        r.strategy.validate()
+        record_property(f"{name}_seconds", dt)
+        print(f"\n{name}: {dt:.1f}s on {v.nx.number_of_nodes()} VTOG nodes, objective {r.objective * 1e6:.1f} us")
+        assert dt < 240
