@@ -505,6 +505,7 @@ class UnitSpec:
     compute_dtype: torch.dtype | None = None
     launch: dict[str, Any] = field(default_factory=dict)
     elements: int = 0                       # copy units: elements copied
+    graph: Any = field(default=None, repr=False, compare=False)   # the TensorGraph (for timers that lower)
     _key: str | None = None
 
     @property
@@ -945,6 +946,7 @@ class Accounting:
                                         info.dtype, info.itemsize))
             spec = UnitSpec(u, keys, operands,
                             elements=sum(region_size(p.region) for _, c in copies for p, _ in c))
+        spec.graph = g
         for o in spec.operands:
             for p in o.map.pieces:
                 if p.target is not None and p.target not in spec.storages:

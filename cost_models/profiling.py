@@ -9,13 +9,18 @@ the same kernel in two layers, or in a second search, is measured once.  A
 timer that raises (a kernel that fails to compile or launch) records the
 configuration as infeasible (``inf``) rather than failing the search.
 
-The default timer, :class:`ReferenceTimer`, is real: it runs the kernel's ATen
-ops on random non-zero data, gathering each virtual input through its resolved
-map with torch indexing (a strided view when the map is one non-negative affine
-piece) and scattering each virtual output through its map; a residual copy is a
-real indexed copy.  Index tensors are built before the timed region.  The
-Triton kernels of :mod:`vtcsearch.kernels` plug in as another timer with the
-same signature (``launch(spec)`` may add a launch configuration to the key).
+Two timers, both real:
+
+* :class:`KernelTimer` (the default on a GPU) runs the unit exactly as
+  :func:`vtcsearch.realize.realize` would: the kernel group through its
+  lowering (the Triton templates reading and writing through the unit's maps,
+  autotuned), a residual copy through the copy kernel; timed as CUDA-graph
+  replays, so launch overhead is what a captured executable pays.
+* :class:`ReferenceTimer` runs the kernel's ATen ops on random non-zero data,
+  gathering each virtual input through its resolved map with torch indexing (a
+  strided view when the map is one non-negative affine piece) and scattering
+  each virtual output through its map; a residual copy is a real indexed copy.
+  It needs no Triton, so it is the default on a CPU.
 """
 from __future__ import annotations
 
@@ -199,7 +204,7 @@ class ReferenceTimer:
             if n > self.max_elements:
                 raise MemoryError(f"storage {s} has {n} elements (> {self.max_elements})")
             flats[s] = _random_flat(max(n, 1), dt, dev, gen)
-        tables = self._tables(spec, dev, gen)
+        tables = random_tables(spec, dev, gen)
         accesses = [(o, _Access(o.map, flats, strides, tables, dev, o.dtype)) for o in spec.operands]
         if spec.kind == "copy":
             pairs = []
@@ -232,24 +237,26 @@ class ReferenceTimer:
                 a.write(env[t], flats)
         return run_kernel
 
-    def _tables(self, spec: UnitSpec, dev, gen) -> dict[str, torch.Tensor]:
-        bounds: dict[str, tuple[int, int]] = {}
-        for o in spec.operands:
-            for p in o.map.pieces:
-                for e in list(p.index) + [c for c, _, _ in p.conds]:
-                    for lk in e.lookups():
-                        lo, hi = bounds.get(lk.table, (lk.lo, lk.hi))
-                        bounds[lk.table] = (max(lo, lk.lo), min(hi, lk.hi))
-        out = {}
-        for name, (lo, hi) in bounds.items():
-            shape = spec.tables.get(name, ((1,), torch.long))[0]
-            out[name] = torch.randint(lo, max(lo, hi) + 1, tuple(shape), generator=gen).to(dev)
-        return out
-
     def __call__(self, spec: UnitSpec) -> float:
         fn = self.prepare(spec)
         with torch.no_grad():
             return time_callable(fn, self.device, self.repeats, self.warmup)
+
+
+def random_tables(spec: UnitSpec, dev: torch.device, gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """Index tensors for a spec's indirect maps: random entries within the bounds the maps promise."""
+    bounds: dict[str, tuple[int, int]] = {}
+    for o in spec.operands:
+        for p in o.map.pieces:
+            for e in list(p.index) + [c for c, _, _ in p.conds]:
+                for lk in e.lookups():
+                    lo, hi = bounds.get(lk.table, (lk.lo, lk.hi))
+                    bounds[lk.table] = (max(lo, lk.lo), min(hi, lk.hi))
+    out = {}
+    for name, (lo, hi) in bounds.items():
+        shape = spec.tables.get(name, ((1,), torch.long))[0]
+        out[name] = torch.randint(lo, max(lo, hi) + 1, tuple(shape), generator=gen).to(dev)
+    return out
 
 
 def _subst(a: Any, env: Mapping[str, torch.Tensor], dev: torch.device) -> Any:
@@ -266,6 +273,78 @@ def _subst(a: Any, env: Mapping[str, torch.Tensor], dev: torch.device) -> Any:
     if isinstance(a, dict):
         return {k: _subst(v, env, dev) for k, v in a.items()}
     return a
+
+
+# ---------------------------------------------------------------------------
+# the kernel timer: the unit as realize runs it
+# ---------------------------------------------------------------------------
+
+class KernelTimer:
+    """Times a unit through :mod:`vtcsearch.lowering` (kernels) or the copy kernel (residual copies)."""
+
+    name = "vtc-kernels"
+
+    def __init__(self, device: str | torch.device | None = None, repeats: int = 10, warmup: int = 2,
+                 launches_per_graph: int = 10, max_elements: int = 1 << 30, seed: int = 0):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.repeats, self.warmup, self.per_graph = repeats, warmup, launches_per_graph
+        self.max_elements, self.seed = max_elements, seed
+
+    def launch(self, spec: UnitSpec) -> dict[str, Any]:
+        return {}
+
+    def prepare(self, spec: UnitSpec) -> Callable[[], Any]:
+        """Storages with random data, the unit lowered onto them (compiled and autotuned): its launch."""
+        from vtcsearch.kernels import Operand, copy_pieces
+        from vtcsearch.lowering import Context, lower
+
+        if spec.graph is None:
+            raise ValueError("the kernel timer needs UnitSpec.graph (specs come from Accounting.spec)")
+        dev = self.device
+        gen = torch.Generator().manual_seed(self.seed)
+        tensors: dict[str, torch.Tensor] = {}
+        for s, (shape, st, dt) in spec.storages.items():
+            n = 1 + sum((d - 1) * x for d, x in zip(shape, st)) if shape else 1
+            if n > self.max_elements:
+                raise MemoryError(f"storage {s} has {n} elements (> {self.max_elements})")
+            tensors[s] = _random_flat(max(n, 1), dt, dev, gen).as_strided(shape, st)
+        tables = random_tables(spec, dev, gen)
+        by_tensor = {}
+        for o in spec.operands:
+            op = Operand(o.map, {t: tensors[t] for t in o.map.targets()},
+                         tables={t: tables[t] for t in o.map.tables()}, dtype=o.dtype)
+            by_tensor.setdefault(o.tensor, op)
+        if spec.kind == "copy":   # [dst, src] map pairs whose pieces correspond one to one
+            bound = []
+            for w, r in zip(spec.operands[0::2], spec.operands[1::2]):
+                plan = copy_pieces(w.map.shape, list(zip(w.map.pieces, r.map.pieces)), tensors, tables=tables)
+                if plan is not None:
+                    bound.append((plan, list(plan.last_args)))
+            return lambda: [p.launch(a) for p, a in bound]
+        g = spec.graph
+
+        def scratch(shape, dtype):
+            return torch.empty(tuple(shape), dtype=dtype, device=dev)
+
+        ctx = Context(g, lambda t: by_tensor[t], scratch, dev)
+        with torch.no_grad():
+            return lower(ctx, g.groups[spec.unit.kernel])
+
+    def __call__(self, spec: UnitSpec) -> float:
+        fn = self.prepare(spec)
+        if self.device.type != "cuda":
+            return time_callable(fn, self.device, self.repeats, self.warmup)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(self.per_graph):
+                fn()
+        return time_callable(graph.replay, self.device, self.repeats, self.warmup) / self.per_graph
 
 
 # ---------------------------------------------------------------------------
@@ -340,11 +419,19 @@ class ProfilingOracle(CostOracle):
 
     name = "profiling"
 
-    def __init__(self, db: str | os.PathLike = ":memory:", timer: Timer | None = None,
+    def __init__(self, db: str | os.PathLike = ":memory:", timer: Timer | str | None = None,
                  device: str | torch.device | None = None, objective: Objective | None = None,
                  repeats: int = 10, warmup: int = 2, keep_specs: bool = False):
+        """``timer``: a :class:`Timer`, or ``"kernels"`` / ``"reference"``; default: kernels on a GPU."""
         super().__init__(objective)
-        self.timer = timer or ReferenceTimer(device, repeats=repeats, warmup=warmup)
+        if timer is None:
+            cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+            timer = "kernels" if cuda else "reference"
+        if timer == "kernels":
+            timer = KernelTimer(device, repeats=repeats, warmup=warmup)
+        elif timer == "reference":
+            timer = ReferenceTimer(device, repeats=repeats, warmup=warmup)
+        self.timer = timer
         dev = getattr(self.timer, "device", None) or torch.device(device or "cpu")
         self.device = device_name(torch.device(dev))
         self.store = MeasurementStore(db, keep_specs)

@@ -18,7 +18,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune")
+BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph")
+# compile_max_autotune: torch.compile(mode="max-autotune"), its own CUDA graphs (cudagraph trees), timed per call;
+# compile_max_autotune_graph: mode="max-autotune-no-cudagraphs" captured in one CUDA graph and timed as replays,
+# exactly as the vtcsearch variants are: the same kernels without the per-call overhead of cudagraph trees
 
 # kernel names that only move bytes (Inductor's fused clones/cats, ATen copies, cuDNN layout transforms)
 MOVEMENT_KERNEL = re.compile(
@@ -110,64 +113,107 @@ def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, fl
     return n // iters, mv // iters, mv_us / iters, comp_us / iters
 
 
-def peak_memory(fn: Callable[[], Any]) -> int:
-    """Peak bytes allocated during one call, above what was allocated before it."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return int(torch.cuda.max_memory_allocated() - base)
-
-
 def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True) -> Measurement:
-    """Time, profile and size one variant (on CUDA), or time it on the CPU."""
+    """Time and profile one ready-to-run variant (on CUDA), or time it on the CPU."""
     m = Measurement(name)
     if not torch.cuda.is_available():
         m.median_us, m.p20_us, m.p80_us = time_cpu(fn)
         return m
     m.median_us, m.p20_us, m.p80_us = time_cuda(fn, cuda_graph=cuda_graph)
-    m.peak_memory_bytes = peak_memory(fn)
     if profile:
         m.kernels, m.movement_kernels, m.movement_us, m.compute_us = profile_kernels(fn)
     return m
 
 
-def baseline_callables(model: torch.nn.Module, example_inputs: Sequence[Any],
-                       names: Sequence[str] = BASELINES) -> dict[str, tuple[Callable[[], Any] | None, bool, str | None]]:
-    """name -> (zero-argument callable, uses CUDA graphs, reason it cannot run)."""
+@dataclass
+class Variant:
+    """One way to run the workload: ``build()`` compiles it and returns the zero-argument call to time.
+
+    ``cuda_graph``: time replays of a CUDA graph of the call (for variants that do not
+    capture one themselves).  ``skipped``: why it cannot run here.
+    """
+
+    name: str
+    build: Callable[[], Callable[[], Any]] | None
+    cuda_graph: bool = False
+    skipped: str | None = None
+    shared_bytes: int = 0        # bytes of a private copy of the model the build makes (not the variant's own)
+
+
+def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Callable[[], Any] | None]:
+    """Build, warm up, size, time and profile one variant.  A failure becomes a skipped entry with the reason.
+
+    Peak memory is what the variant needs on top of the model's own weights and
+    caches: the memory it holds after building (less ``v.shared_bytes``, a private
+    copy of the model that torch.compile variants make) plus the transient peak of
+    one call, from PyTorch's allocator statistics.  It is read before timing, whose
+    L2-flushing buffer would otherwise count.
+    """
+    if v.skipped or v.build is None:
+        return Measurement(v.name, skipped=v.skipped or "no builder"), None
+    try:
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.synchronize()
+            before = torch.cuda.memory_allocated()
+        with torch.no_grad():
+            fn = v.build()
+            for _ in range(3):
+                fn()
+            peak = None
+            if cuda:
+                torch.cuda.synchronize()
+                held = torch.cuda.memory_allocated() - before - v.shared_bytes
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                fn()
+                torch.cuda.synchronize()
+                peak = int(held + torch.cuda.max_memory_allocated() - base)
+            m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile)
+        m.peak_memory_bytes = peak
+        return m, fn
+    except Exception as e:  # keep the run going; the report says what failed
+        return Measurement(v.name, skipped=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"), None
+
+
+def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
+                      names: Sequence[str] = BASELINES) -> list[Variant]:
+    """The baselines as variants (torch.compile variants compile a private copy of the model)."""
     cuda = torch.cuda.is_available()
-    out: dict[str, tuple[Callable[[], Any] | None, bool, str | None]] = {}
+    out: list[Variant] = []
     for name in names:
         if name not in BASELINES:
             raise ValueError(f"unknown baseline {name!r}; valid: {', '.join(BASELINES)}")
         if name == "eager":
-            out[name] = (lambda: model(*example_inputs), False, None)
+            out.append(Variant(name, lambda: (lambda: model(*example_inputs))))
         elif name == "eager_cudagraphs":
-            out[name] = (lambda: model(*example_inputs), True, None) if cuda else (None, False, "needs CUDA")
-        elif name.startswith("compile"):
-            if not cuda:
-                out[name] = (None, False, "needs CUDA: the comparison is GPU latency")
-                continue
-            mode = "max-autotune" if name == "compile_max_autotune" else None
-            m2 = copy.deepcopy(model)
-            compiled = torch.compile(m2, mode=mode, fullgraph=False)
-            out[name] = (lambda c=compiled: c(*example_inputs), False, None)
+            out.append(Variant(name, lambda: (lambda: model(*example_inputs)), cuda_graph=True) if cuda
+                       else Variant(name, None, skipped="needs CUDA"))
+        elif not cuda:
+            out.append(Variant(name, None, skipped="needs CUDA: the comparison is GPU latency"))
+        else:
+            mode = {"compile_default": None, "compile_max_autotune": "max-autotune",
+                    "compile_max_autotune_graph": "max-autotune-no-cudagraphs"}[name]
+            out.append(Variant(name, compiled_builder(model, example_inputs, mode),
+                               cuda_graph=name == "compile_max_autotune_graph", shared_bytes=model_bytes(model)))
     return out
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of a module's parameters and buffers (what a deep copy of it allocates)."""
+    return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
+
+
+def compiled_builder(model: torch.nn.Module, example_inputs: Sequence[Any],
+                     mode: str | None) -> Callable[[], Callable[[], Any]]:
+    """A builder compiling a private copy of ``model`` (its buffers too) with torch.compile in ``mode``."""
+    def build():
+        compiled = torch.compile(copy.deepcopy(model), mode=mode, fullgraph=False)
+        return lambda: compiled(*example_inputs)
+    return build
 
 
 def run_baselines(model: torch.nn.Module, example_inputs: Sequence[Any],
                   names: Sequence[str] = BASELINES) -> list[Measurement]:
     """Measure each baseline; failures (a compile error, out of memory) become skipped entries."""
-    results = []
-    for name, (fn, graphs, why) in baseline_callables(model, example_inputs, names).items():
-        if fn is None:
-            results.append(Measurement(name, skipped=why))
-            continue
-        try:
-            with torch.no_grad():
-                fn()  # compile / warm up outside the timed region
-                results.append(measure(name, fn, cuda_graph=graphs))
-        except Exception as e:  # keep the run going; the report says what failed
-            results.append(Measurement(name, skipped=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
-    return results
+    return [run_variant(v)[0] for v in baseline_variants(model, example_inputs, names)]

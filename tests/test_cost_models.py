@@ -260,3 +260,27 @@ def test_get_oracle_names():
     assert get_oracle("analytical").name == "analytical"
     with pytest.raises(ValueError):
         get_oracle("magic")
+
+
+def test_kernel_timer_times_each_unit_as_realize_runs_it(tmp_path):
+    """The default GPU timer lowers each unit to the realized kernels (here: Triton's interpreter)."""
+    from cost_models.profiling import KernelTimer
+    from solvers import get_solver
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs a GPU or Triton's interpreter")
+    wl = pytest.importorskip("experiments.workloads")
+    from vtcsearch.capture import capture
+    w = wl.build_workload("llama3", size="tiny", part="attention", dtype=torch.bfloat16)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    timer = KernelTimer(repeats=1, warmup=0, launches_per_graph=1)     # on the GPU when there is one
+    o = ProfilingOracle(tmp_path / "k.sqlite", timer=timer)
+    best = get_solver("ilp")(v, get_oracle("analytical")).strategy
+    for s in (Strategy(v, []), best):
+        ev = o.evaluate(s)
+        kernels = [r for r in ev.rows if r["kind"] == "kernel"]
+        assert len(kernels) == len(v.graph.groups)
+        assert all(math.isfinite(r["seconds"]) and r["seconds"] > 0 for r in ev.rows), ev.rows
+    assert o.stats.measurements > 0
+    n = o.stats.measurements
+    o.evaluate(best)                       # asked again: memoized, no new measurement
+    assert o.stats.measurements == n

@@ -51,6 +51,8 @@ def _cases():
     yield "pixel_unshuffle", aten.pixel_unshuffle.default, (torch.randn(1, 2, 4, 6), 2)
     yield "channel_shuffle", aten.channel_shuffle.default, (X, 3)
     yield "flip", aten.flip.default, (X, [0, 3])
+    yield "upsample_nearest2d", aten.upsample_nearest2d.vec, (X, None, [2.0, 3.0])
+    yield "upsample_nearest2d_size", aten.upsample_nearest2d.default, (X, [12, 4])
     yield "roll", aten.roll.default, (X, [1, -3], [1, 3])
     yield "roll_flat", aten.roll.default, (V, [4], [])
     yield "slice_scatter", aten.slice_scatter.default, (KV, NEW, 1, 6, 7)
@@ -130,3 +132,11 @@ def _flat(a):
             yield from _flat(x)
     else:
         yield a
+
+
+def test_nearest_upsample_is_movement_only_for_exact_integer_factors():
+    """A fractional factor reads ``floor(o * r)``, not a floor-div: compute, not a registry map."""
+    up = aten.upsample_nearest2d.vec
+    assert call_rule_or_none(up, (X, None, [1.5, 1.5]), up(X, None, [1.5, 1.5])) is None
+    assert call_rule_or_none(up, (X, [6, 6], None), up(X, [6, 6], None)) is None
+    assert call_rule_or_none(up, (X, None, [7.0, 1.0]), up(X, None, [7.0, 1.0])) is not None

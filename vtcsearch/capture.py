@@ -33,7 +33,10 @@ REDUCTION = {aten._softmax.default, aten._log_softmax.default, aten.sum.dim_IntL
              aten.amax.default, aten.amin.default, aten.var_mean.correction, aten.var.correction,
              aten.native_layer_norm.default, aten.argmax.default, aten.prod.dim_int, aten.sum.default,
              aten.mean.default, aten.max.dim, aten.min.dim}
-OTHER_COMPUTE = {aten._native_batch_norm_legit_no_training.default, aten.native_batch_norm.default,
+# pointwise without ATen's pointwise tag: inference BatchNorm is (x - mean) * rsqrt(var + eps) * w + b per
+# channel (a tuple whose element 0 is the value; the saved statistics are empty), so it fuses into a conv epilogue
+POINTWISE_COMPUTE = {aten._native_batch_norm_legit_no_training.default}
+OTHER_COMPUTE = {aten.native_batch_norm.default,
                  aten.max_pool2d_with_indices.default, aten.avg_pool2d.default,
                  aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
                  aten._adaptive_avg_pool2d.default, aten.adaptive_avg_pool2d.default,
@@ -77,7 +80,8 @@ def _category(target: Any) -> str | None:
     if target in REDUCTION:
         return "reduction"
     tags = getattr(target, "tags", ())
-    if torch.Tag.pointwise in tags or target is aten._to_copy.default:  # a dtype cast is elementwise
+    if torch.Tag.pointwise in tags or target is aten._to_copy.default or target in POINTWISE_COMPUTE:
+        # a dtype cast is elementwise
         return "pointwise"
     if target in OTHER_COMPUTE:
         return "other"

@@ -348,7 +348,7 @@ def atom_bounds(a: Atom, ranges: Ranges) -> tuple[int, int]:
 def simplify(e: Expr, ranges: Ranges) -> Expr:
     """Rewrite div/mod atoms using the ranges of the index variables.
 
-    Rules: ``x // d -> 0`` and ``x % d -> x`` when ``0 <= x < d``;
+    Rules: ``i -> lo`` when ``i`` takes one value; ``x // d -> 0`` and ``x % d -> x`` when ``0 <= x < d``;
     ``x // d -> q`` when ``x = d*q + r`` with ``0 <= r < d``;
     ``c*(x % a) + c*a*((x // a) % b) -> c*(x % (a*b))`` and
     ``c*(x % a) + c*a*(x // a) -> c*x`` (re-merging dimensions a reshape split).
@@ -365,6 +365,8 @@ def simplify(e: Expr, ranges: Ranges) -> Expr:
 
 
 def _simplify_atom(a: Atom, ranges: Ranges) -> Expr:
+    if isinstance(a, Var) and a.name in ranges and ranges[a.name][0] == ranges[a.name][1]:
+        return Expr(const=ranges[a.name][0])        # a dimension of extent one: a constant
     if isinstance(a, (FloorDiv, Mod)):
         arg = simplify(a.arg, ranges)
         lo, hi = bounds(arg, ranges)

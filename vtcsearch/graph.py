@@ -102,6 +102,9 @@ class TensorGraph:
         self.mutations: dict[str, str] = {}    # new value -> buffer it is written back to
         self.unclassified: Counter[str] = Counter()
         self.exported: Any = None              # torch.export.ExportedProgram, when captured
+        self.groups: dict[str, Any] = {}       # kernel name -> fusion.Group (set by fuse())
+        self.steps: list[str] = []             # kernels and unabsorbed movement ops, in run order
+        self._order: dict[str, int] | None = None
 
     # -- building -----------------------------------------------------------
     def add_tensor(self, t: TensorInfo) -> TensorInfo:
@@ -122,21 +125,23 @@ class TensorGraph:
 
     # -- queries ------------------------------------------------------------
     def movement_ops(self) -> list[OpNode]:
-        return [o for o in self.ops.values() if o.kind == "movement"]
+        """Movement ops between kernels (the VTOG's ops); those a kernel absorbed are not here."""
+        return [o for o in self.ops.values() if o.kind == "movement" and o.kernel is None]
 
     def compute_ops(self) -> list[OpNode]:
         return [o for o in self.ops.values() if o.kind == "compute"]
 
     def order(self) -> dict[str, int]:
-        """Execution step of each op."""
-        return {name: k for k, name in enumerate(self.ops)}
+        """Execution step of each op: every op of a kernel shares the kernel's step."""
+        if self._order is None:
+            return {name: k for k, name in enumerate(self.ops)}
+        return dict(self._order)
 
     def kernels(self) -> dict[str, list[str]]:
-        """Compute kernel -> its ops, in order."""
-        out: dict[str, list[str]] = {}
-        for o in self.compute_ops():
-            out.setdefault(o.kernel or o.name, []).append(o.name)
-        return out
+        """Compute kernel -> its ops (absorbed movement ops included), in run order."""
+        if not self.groups:
+            return {o.name: [o.name] for o in self.compute_ops()}
+        return {s: list(self.groups[s].ops) for s in self.steps if s in self.groups}
 
     def kernel_io(self, kernel: str) -> tuple[list[str], list[str]]:
         """Tensors a kernel reads from and writes to global memory."""
@@ -155,25 +160,17 @@ class TensorGraph:
         return ins, outs
 
     def fuse(self) -> None:
-        """Group compute ops into kernels: a pointwise op joins its producer's kernel.
-
-        It joins when its first input comes from a compute op whose output nothing
-        else reads: the usual vertical fusion of an epilogue (bias, activation,
-        residual add) into the kernel before it.
-        """
+        """Group ops into kernels (:mod:`vtcsearch.fusion`) and order the kernels."""
+        from .fusion import fuse, schedule
         for o in self.ops.values():
-            if o.kind != "compute":
-                continue
-            o.kernel = o.name
-            if o.category != "pointwise" or not o.inputs:
-                continue
-            for t in o.inputs:
-                info = self.tensors[t]
-                p = self.ops.get(info.producer) if info.producer else None
-                if p is not None and p.kind == "compute" and len(info.consumers) == 1 and not info.is_output \
-                        and t not in self.mutations and info.numel == self.tensors[o.outputs[0]].numel:
-                    o.kernel = p.kernel
-                    break
+            o.kernel = None
+        self.groups = fuse(self)
+        for gr in self.groups.values():
+            for o in gr.ops:
+                self.ops[o].kernel = gr.name
+        self.steps = schedule(self, self.groups)
+        step = {s: k for k, s in enumerate(self.steps)}
+        self._order = {o.name: step[o.kernel or o.name] for o in self.ops.values()}
 
     def summary(self) -> dict[str, Any]:
         mv = self.movement_ops()

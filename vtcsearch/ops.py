@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any, Callable, Sequence
 
 import torch
@@ -584,6 +585,36 @@ def channel_shuffle(call: OpCall) -> Movement:
         return lambda v: [v[0], (v[1] % groups) * per + v[1] // groups] + list(v[2:])
 
     return _bijection(call, shuffle(g, n), shuffle(n, g))
+
+
+def _nearest_scale(in_size: int, out_size: int, scale: float | None) -> int | None:
+    """The integer factor of a nearest resize, when torch's float index rule is exactly ``o // factor``.
+
+    torch reads ``min(floor(o * r), in - 1)`` with ``r`` the float32 reciprocal of the scale
+    (or ``in / out``); that is ``o // factor`` when ``r`` did not round below ``1 / factor``
+    (and ``o`` is small enough that the float32 product cannot round up to the next integer).
+    """
+    if in_size <= 0 or out_size % in_size or out_size >= 1 << 22:
+        return None
+    f = out_size // in_size
+    if scale is not None and float(scale) != f:
+        return None
+    r = float(torch.tensor(1.0 / float(scale) if scale is not None else in_size / out_size, dtype=torch.float32))
+    return f if Fraction(r) * f >= 1 else None
+
+
+@register("Resize", "upsample_nearest2d.vec", "upsample_nearest2d.default")
+def upsample_nearest2d(call: OpCall) -> Movement | None:
+    """Nearest upsampling by integer factors: ``out[n, c, h, w] = in[n, c, h // sh, w // sw]`` (read-only)."""
+    ins, outs = call.inputs[0], call.outputs[0]
+    if len(ins) != 4:
+        return None
+    scales = call.get("scale_factors") or [call.get("scales_h"), call.get("scales_w")]
+    f = [_nearest_scale(ins[d], outs[d], scales[d - 2]) for d in (2, 3)]
+    if None in f:
+        return None
+    v = index_vars(4)
+    return _gather_only(call, [v[0], v[1], v[2] // f[0], v[3] // f[1]])
 
 
 @register("Flip", "flip.default")

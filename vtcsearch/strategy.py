@@ -415,7 +415,7 @@ def _differences(dst: IndexMap, src: IndexMap, s: Strategy, inputs) -> dict[str 
     for p in dst.pieces:
         for q in src.pieces:
             reg = region_intersect(p.region, q.region)
-            if reg is None:
+            if reg is None or _contradictory(p.conds + q.conds):
                 continue
             pp = Piece(p.target, reg, p.index, p.conds + q.conds, p.fill)
             qq = Piece(q.target, reg, q.index, q.conds + p.conds, q.fill)
@@ -428,6 +428,18 @@ def _differences(dst: IndexMap, src: IndexMap, s: Strategy, inputs) -> dict[str 
                                  or q.target in s.resolve(t).targets()), q.target)
             out.setdefault(src_name, []).append((pp, qq))
     return out
+
+
+def _contradictory(conds) -> bool:
+    """Predicates ``lo <= e < hi`` that no index satisfies together (two pieces of one Concat-like split)."""
+    box: dict[str, tuple[int, int]] = {}
+    for e, lo, hi in conds:
+        a, b = box.get(repr(e), (lo, hi))
+        a, b = max(a, lo), min(b, hi)
+        if a >= b:
+            return True
+        box[repr(e)] = (a, b)
+    return False
 
 
 def _same(p: Piece, q: Piece, strides) -> bool:

@@ -15,16 +15,28 @@ predicates) — are there for inspection):
 
 ``gemm(a, b, out, epilogue=None)``
     ``out = epilogue(a @ b)``; ``a`` [B?, M, K], ``b`` [B?, K, N], ``out`` [B?, M, N].
-    ``Epilogue(scale=1.0, bias=None, activation=None, rope=None, residual=None)`` with
-    ``Rope(cos, sin, head_dim, cols=None)`` (interleaved pairs, cos/sin operands over
-    [M, head_dim // 2]).
+    ``Epilogue(scale=1.0, bias=None, activation=None, rope=None, residual=None, lines=(),
+    expr=None, operands=())`` with ``Rope(cos, sin, head_dim, cols=None)`` (interleaved
+    pairs, cos/sin operands over [M, head_dim // 2]); ``lines``/``expr``/``operands`` are a
+    general elementwise epilogue (a fused region from :mod:`vtcsearch.elementwise`).
 ``attention(q, k, v, out, *, scale=None, causal=False, window=None, softcap=None, kv_len=None, group=None, num_splits=None)``
     ``q`` [B, Hq, Sq, D], ``k``/``v`` [B, Hk, Skv, D] (Hk | Hq, or Hk == Hq with a
     repeat_kv map whose group is detected), ``out`` [B, Hq, Sq, Dv].  FlashDecoding
     split-K plus a combine kernel for few query rows.
-``pointwise(fn, inputs, out)``
+``conv2d(x, w, out, *, stride=1, padding=0, dilation=1, groups=1, epilogue=None, algo=None)``
+    ``x`` [N, Cin, H, W], ``w`` [Cout, Cin/groups, KH, KW], ``out`` [N, Cout, OH, OW]: an
+    implicit GEMM per group (a group grid axis), or a direct [channels, pixels] kernel for
+    depthwise / few channels per group.  ``ConvEpilogue(scale=None, shift=None,
+    activation=None, residual=None, lines=(), expr=None, operands=())``:
+    ``y = act(acc * scale + shift) + residual`` with per-channel ``scale``/``shift``
+    (bias, folded BatchNorm), then the general epilogue as in ``Epilogue``.
+``max_pool2d(x, out, kernel, stride=None, padding=0, dilation=1)`` (bit-exact),
+``avg_pool2d(x, out, kernel, stride=None, padding=0, count_include_pad=True, divisor_override=None)``,
+``global_avg_pool2d(x, out)``, ``upsample_nearest2d(x, out, scale)``
+    NCHW window ops over operands; nearest upsampling is a ``copy`` through a ``// scale`` map.
+``pointwise(fn, inputs, out, prelude=())``
     ``fn``: a Triton expression over ``x0, x1, ...`` (fp32; helpers ``vtc_silu``,
-    ``vtc_gelu``, ``vtc_gelu_tanh``, ``vtc_tanh``, ``vtc_sigmoid``, ``vtc_relu``) or a
+    ``vtc_gelu``, ``vtc_gelu_tanh``, ``vtc_tanh``, ``vtc_sigmoid``, ``vtc_relu``, ``vtc_hardswish``) or a
     list of them for several outputs; inputs broadcast to the output shape; numbers
     are constants.
 ``rmsnorm(x, weight, out, eps=1e-6, *, weight_offset=0.0, residual=None, residual_out=None)``,
@@ -43,13 +55,16 @@ config.  Generated kernel modules are written to ``$VTC_KERNEL_CACHE`` (default:
 ``vtcsearch-kernels-<uid>`` folder in the temp dir).
 """
 from .attention import attention, kv_group
+from .conv import ConvEpilogue, conv2d
 from .copy import copy, copy_pieces
 from .gemm import Epilogue, Rope, gemm
 from .pointwise import pointwise
+from .pool import avg_pool2d, global_avg_pool2d, max_pool2d, upsample_nearest2d
 from .reduction import layernorm, rmsnorm, softmax
 from .vio import IO, Operand, Plan, clear_caches, interpreting
 
 __all__ = [
     "Operand", "IO", "Plan", "gemm", "Epilogue", "Rope", "attention", "kv_group", "pointwise",
     "rmsnorm", "layernorm", "softmax", "copy", "copy_pieces", "clear_caches", "interpreting",
+    "conv2d", "ConvEpilogue", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample_nearest2d",
 ]

@@ -40,8 +40,25 @@ def vtc_gelu_tanh(x):
 
 
 @triton.jit
+def vtc_hardswish(x):
+    # x * relu6(x + 3) / 6, torch's hardswish
+    return x * tl.minimum(tl.maximum(x + 3.0, 0.0), 6.0) / 6.0
+
+
+@triton.jit
 def vtc_softcap(x, cap):
     return cap * vtc_tanh(x / cap)
+
+
+@triton.jit
+def vtc_rtne_bf16(x):
+    # fp32 -> bf16 rounded to nearest even, by integer arithmetic on the bits: Triton's CPU
+    # interpreter truncates ``x.to(tl.bfloat16)``; GPUs round, and so does this (NaN kept)
+    x = x.to(tl.float32)
+    bits = x.to(tl.uint32, bitcast=True)
+    up = bits + 0x7FFF + ((bits >> 16) & 1)
+    r = (up & 0xFFFF0000).to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, r).to(tl.bfloat16)
 
 
 # activation name -> expression over `{x}` (used by the GEMM epilogue and pointwise)
@@ -54,4 +71,5 @@ ACTIVATIONS = {
     "tanh": "vtc_tanh({x})",
     "gelu": "vtc_gelu({x})",
     "gelu_tanh": "vtc_gelu_tanh({x})",
+    "hardswish": "vtc_hardswish({x})",
 }

@@ -8,6 +8,7 @@ over the batch).  Accumulation is fp32; the epilogue is, in this order::
     y = activation(y)                 relu | silu | sigmoid | tanh | gelu | gelu_tanh
     y = rope(y)                       interleaved pairs (2i, 2i+1) within each head
     y = y + residual                  residual: broadcastable to out
+    y = expr(y, x0, x1, ...)          any elementwise code (a fused region), operands x_k
 
 and ``y`` is written through ``out``'s map: e.g. the merged QKV projection writing Q
 to one tensor and K/V rows straight into the KV caches at a runtime position, the
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ._lib import ACTIVATIONS
+from .pointwise import index_codes
 from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
     render, tl_dtype
 
@@ -42,17 +44,29 @@ class Rope:
 
 @dataclass
 class Epilogue:
+    """What happens to the fp32 accumulator ``y`` before the store (see the module docstring).
+
+    ``lines`` / ``expr`` / ``operands``: a general elementwise epilogue (what
+    :func:`vtcsearch.elementwise.compile_region` produces): ``lines`` set temporaries,
+    then ``y = expr``; operand ``k`` is loaded as ``x<k>`` at the output tile, and
+    ``{iK}`` is the index of output dim ``K``.
+    """
+
     scale: float = 1.0
     bias: Operand | None = None
     activation: str | None = None
     rope: Rope | None = None
     residual: Operand | None = None
+    lines: Sequence[str] = ()
+    expr: str | None = None
+    operands: Sequence[Operand] = ()
 
     def signature(self) -> str:
         r = self.rope
         rs = None if r is None else (r.cos.signature(), r.sin.signature(), r.head_dim, r.cols)
         return repr((self.scale, self.bias.signature() if self.bias else None, self.activation, rs,
-                     self.residual.signature() if self.residual else None))
+                     self.residual.signature() if self.residual else None, tuple(self.lines), self.expr,
+                     tuple(o.signature() for o in self.operands)))
 
 
 _TEMPLATE = """
@@ -142,6 +156,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None)
         lo, hi = rope.cols or (0, N)
         if lo % 2 or hi % 2:
             raise ValueError("RoPE column range must start and end on a pair")
+    extra_ops = [_batched(x, oshape) for x in ep.operands]
     if ep.activation not in ACTIVATIONS:
         raise ValueError(f"unknown activation {ep.activation!r}")
     gpu = not interpreting() and out.device.type == "cuda"
@@ -198,6 +213,12 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None)
             ios["res"] = IO(res, "res")
             epi += ios["res"].load("res", oidx, shape="(BM, BN)", mask=omask, block=oblk)
             epi.append("y = y + res")
+        if ep.expr is not None:
+            for k, x in enumerate(extra_ops):
+                ios[f"x{k}"] = IO(x, f"x{k}")
+                epi += ios[f"x{k}"].load(f"x{k}", oidx, shape="(BM, BN)", mask=omask, block=oblk)
+            epi += [index_codes(line, oidx) for line in ep.lines]
+            epi.append(f"y = ({index_codes(ep.expr, oidx)}) + tl.zeros((BM, BN), tl.float32)")
         store = ios["out"].store("y", oidx, mask=omask, block=oblk)
         params, prologue = [], []
         for io in ios.values():
@@ -216,6 +237,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None)
         extra += [cos, sin]
     if res is not None:
         extra.append(res)
+    extra += extra_ops
     args = a.kernel_args() + b.kernel_args() + out.kernel_args() + [v for x in extra for v in x.kernel_args()]
 
     def runner(cfg: dict):

@@ -31,10 +31,15 @@ def tile_config(shape: Sequence[int], gpu: bool) -> tuple[int, int]:
     """(BR, BC) for an elementwise tile over the last two dims."""
     C = shape[-1] if shape else 1
     R = shape[-2] if len(shape) >= 2 else 1
-    cap = 4096 if gpu else 4096
+    cap = 1024 if gpu else 4096     # on a GPU, small tensors still spread over many programs
     BC = min(next_pow2(C), 1024 if gpu else 512)
     BR = max(1, min(next_pow2(R), cap // BC)) if len(shape) >= 2 else 1
     return BR, BC
+
+
+def index_codes(code: str, idx: Sequence[str]) -> str:
+    """Replace ``{iK}`` in ``code`` by the tile's index code of dim ``K``."""
+    return re.sub(r"\{i(\d+)\}", lambda m: f"({idx[int(m.group(1))]})", code)
 
 
 def _as_nd(op: Operand) -> Operand:
@@ -42,9 +47,14 @@ def _as_nd(op: Operand) -> Operand:
 
 
 def pointwise(fn: str | Sequence[str], inputs: Sequence[Operand | float | int],
-              out: Operand | Sequence[Operand]) -> Plan:
-    """Elementwise ``out_j = fn_j(x0, x1, ...)`` with ``x_k`` the inputs (broadcast to the outputs' shape)."""
+              out: Operand | Sequence[Operand], prelude: Sequence[str] = ()) -> Plan:
+    """Elementwise ``out_j = fn_j(x0, x1, ...)`` with ``x_k`` the inputs (broadcast to the outputs' shape).
+
+    ``prelude``: lines run before the expressions (temporaries they share).  In both,
+    ``{iK}`` stands for the index of output dim ``K`` (e.g. ``tl.where({i3} == 0, x0, x1)``).
+    """
     fns = [fn] if isinstance(fn, str) else list(fn)
+    prelude = list(prelude)
     outs = [out] if isinstance(out, Operand) else list(out)
     if len(fns) != len(outs):
         raise ValueError(f"{len(fns)} expressions for {len(outs)} outputs")
@@ -66,7 +76,7 @@ def pointwise(fn: str | Sequence[str], inputs: Sequence[Operand | float | int],
     gpu = not interpreting() and outs[0].device.type == "cuda"
     BR, BC = tile_config(shape, gpu)
     sig = [o.signature() for o in outs] + [x.signature() if isinstance(x, Operand) else repr(x) for x in ins]
-    key = key_of("pointwise", fns, sig, BR, BC)
+    key = key_of("pointwise", fns, prelude, sig, BR, BC)
 
     def build() -> Plan:
         t = elementwise_tiling(shape, BR, BC)
@@ -81,7 +91,8 @@ def pointwise(fn: str | Sequence[str], inputs: Sequence[Operand | float | int],
                 loads += in_io[k].load(f"x{k}", t.idx, shape=t.tile, mask=t.mask, block=t.block)
             else:
                 loads.append(f"x{k} = {const_code(x)}")
-        compute = [f"v{j} = ({f}) + tl.zeros({t.tile}, tl.float32)" for j, f in enumerate(fns)]
+        compute = [index_codes(line, t.idx) for line in prelude]
+        compute += [f"v{j} = ({index_codes(f, t.idx)}) + tl.zeros({t.tile}, tl.float32)" for j, f in enumerate(fns)]
         for j, io in enumerate(out_io):
             stores += io.store(f"v{j}", t.idx, mask=t.mask, block=t.block)
         src = render(_TEMPLATE, params=params, prologue=prologue, pid=t.pid_lines, loads=loads,

@@ -87,6 +87,13 @@ def tl_dtype(dt: torch.dtype) -> str:
     return _TL[dt]
 
 
+def downcast(code: str, dt: str) -> str:
+    """``code`` converted to ``dt`` as the GPU does it (round to nearest even, also in the interpreter)."""
+    if dt == "tl.bfloat16" and interpreting():
+        return f"vtc_rtne_bf16({code})"
+    return f"{code}.to({dt})"
+
+
 def is_float_tl(dt: str) -> bool:
     return dt.startswith("tl.float") or dt == "tl.bfloat16"
 
@@ -580,7 +587,7 @@ class IO:
         def put(n: int, p: Piece, m: str | None) -> str:
             off = self._offset_code(n, p, idx, m)
             mk = f", mask={m}" if m else ""
-            return f"tl.store({self.ptr[p.target]} + {off}, {value}.to({self.dtypes[p.target]}){mk})"
+            return f"tl.store({self.ptr[p.target]} + {off}, {downcast(value, self.dtypes[p.target])}{mk})"
 
         if not pieces:
             self.modes.append("empty")

@@ -1,0 +1,416 @@
+"""The paper's vision blocks on the GPU: vtcsearch with and without virtual tensors against PyTorch.
+
+    python -m experiments.vision_blocks --out results/vision        # H200: every block, batch 1 and 16, fp16
+    python -m experiments.vision_blocks --dry-run --out /tmp/vision # CPU: tiny sizes, interpreter, numerics only
+
+Blocks, each taken from its workload at its real position and input shape (the
+input is the activation the full model feeds the block):
+
+``yolo11n-c3k2`` / ``yolo11s-c3k2``
+    YOLO11 n / s at 640x640, layer 2 (the first C3k2: cv1 -> chunk -> Bottleneck ->
+    cat -> cv2, every conv with BatchNorm + SiLU).
+``shufflenet-s2`` / ``shufflenet-s1``
+    ShuffleNetV2 x1.0 at 224x224, stage 2's first (stride 2) and second (stride 1)
+    unit: channel split, branches, concat, channel shuffle.
+``efficientvit-b1-litemla``
+    EfficientViT-B1 in the high-resolution setting (Cityscapes 1024x2048), the first
+    LiteMLA of stage 3: QKV conv, multi-scale aggregation, concat, ReLU linear attention,
+    projection.
+
+Variants, side by side in one process and fp16: eager, eager + CUDA graphs,
+torch.compile (default), torch.compile max-autotune (CUDA graphs), and vtcsearch
+with no virtual tensors (``vtc_none``) and with the ILP optimum under the
+analytical H200 model (``vtc_ilp``); both vtcsearch variants replay one CUDA graph
+(``Executable.cuda_graph``).  Reported: median latency, speedup over the best
+baseline, peak memory, kernels and data movement kernels per call
+(torch.profiler), numerics against eager, and per conv layer the Triton conv's
+time (as the ILP realized it, and with dense operands) against cuDNN's.  A
+variant that fails is reported as skipped with the reason; the others still run.
+Results go to ``--out``: ``latency.csv``, ``conv_layers.csv``, ``summary.json``,
+``README.md`` (tables), ``log.txt``, written after every case.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+BATCHES = (1, 16)
+DTYPE = torch.float16
+TOL = 2e-2                   # fp16 / bf16 tolerance against eager
+
+
+@dataclass
+class Block:
+    """One benchmark block: a submodule of a workload and the activation the workload feeds it."""
+
+    name: str
+    model: torch.nn.Module
+    inputs: tuple[torch.Tensor, ...]
+    description: str
+
+
+class _Reached(Exception):
+    pass
+
+
+def block_input(model: torch.nn.Module, block: torch.nn.Module, inputs: Sequence[Any]) -> tuple[torch.Tensor, ...]:
+    """The positional tensors ``block`` receives when ``model`` runs on ``inputs`` (the run stops there)."""
+    seen: dict[str, tuple] = {}
+
+    def hook(_mod: torch.nn.Module, args: tuple) -> None:
+        seen["args"] = args
+        raise _Reached
+
+    handle = block.register_forward_pre_hook(hook)
+    try:
+        with torch.no_grad():
+            model(*inputs)
+    except _Reached:
+        pass
+    finally:
+        handle.remove()
+    if "args" not in seen:
+        raise RuntimeError(f"{type(block).__name__} is not called by {type(model).__name__}")
+    return tuple(a.detach().clone() for a in seen["args"])
+
+
+def _yolo(variant: str) -> Callable[..., Block]:
+    def build(size: str, batch: int, device: str, dtype: torch.dtype) -> Block:
+        from experiments.workloads import build_workload
+        w = build_workload("yolo11", variant=variant, size=size, batch=batch, device=device, dtype=dtype)
+        blk = w.model.model[2]
+        x = block_input(w.model, blk, w.example_inputs)
+        return Block(f"yolo11{variant}-c3k2", blk, x, f"{w.name} layer 2 (C3k2), input {list(x[0].shape)}")
+    return build
+
+
+def _shufflenet(unit: int) -> Callable[..., Block]:
+    def build(size: str, batch: int, device: str, dtype: torch.dtype) -> Block:
+        from experiments.workloads import build_workload
+        w = build_workload("shufflenet", size=size, batch=batch, device=device, dtype=dtype)
+        blk = w.model.stage2[unit]
+        x = block_input(w.model, blk, w.example_inputs)
+        return Block(f"shufflenet-s{blk.stride}", blk, x,
+                     f"{w.name} stage 2 unit {unit} (stride {blk.stride}), input {list(x[0].shape)}")
+    return build
+
+
+def _litemla(size: str, batch: int, device: str, dtype: torch.dtype) -> Block:
+    from experiments.workloads import build_workload
+    w = build_workload("efficientvit", head="none", size=size, batch=batch, device=device, dtype=dtype)
+    blk = w.model.backbone.stages[2].op_list[1].context_module.main
+    x = block_input(w.model, blk, w.example_inputs)
+    return Block("efficientvit-b1-litemla", blk, x, f"{w.name} stage 3 LiteMLA, input {list(x[0].shape)}")
+
+
+BLOCKS: dict[str, Callable[[str, int, str, torch.dtype], Block]] = {
+    "yolo11n-c3k2": _yolo("n"),
+    "yolo11s-c3k2": _yolo("s"),
+    "shufflenet-s2": _shufflenet(0),
+    "shufflenet-s1": _shufflenet(1),
+    "efficientvit-b1-litemla": _litemla,
+}
+
+
+# ---------------------------------------------------------------------------
+# vtcsearch: strategies, realization, numerics
+# ---------------------------------------------------------------------------
+
+def strategies(vtog) -> dict[str, Any]:
+    """``vtc_none`` (every tensor physical) and ``vtc_ilp`` (the optimum under the analytical H200 model)."""
+    from cost_models import get_oracle
+    from solvers import get_solver
+    from vtcsearch.strategy import Strategy
+    oracle = get_oracle("analytical", hardware="H200")
+    return {"vtc_none": Strategy(vtog, []), "vtc_ilp": get_solver("ilp")(vtog, oracle).strategy}
+
+
+def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def realize_checked(graph, strategy, blk: Block, ref: list[torch.Tensor]) -> tuple[Any, dict[str, Any]]:
+    """Realize, run once, compare with eager; the executable and what was found."""
+    from vtcsearch.realize import realize
+    exe = realize(graph, strategy, blk.model)
+    outs = [o.clone() for o in exe(*blk.inputs)]
+    errs = [max_err(o, r) for o, r in zip(outs, ref)]
+    ok = all(bool(torch.allclose(o.float(), r.float(), rtol=TOL, atol=TOL)) for o, r in zip(outs, ref))
+    summ = exe.summary()
+    info = {"virtual": len(strategy.virtual), "eliminated_ops": sorted(strategy.eliminated_ops()),
+            "residual_copies": len(strategy.residuals), "kernels": summ["kernels"],
+            "copy_kernels": summ["copy_kernels"], "by_lowering": summ["by_lowering"],
+            "fallbacks": summ["fallbacks"], "allocated_bytes": summ["allocated_bytes"],
+            "max_abs_err": max(errs) if errs else 0.0, "numerics_ok": ok, "outputs": outs}
+    return exe, info
+
+
+def conv_layers(graph, exes: dict[str, Any], blk: Block, batch: int) -> list[dict[str, Any]]:
+    """Per conv kernel: the Triton conv (+ fused epilogue) as realized by each strategy, and cuDNN's conv
+    on dense operands of the same shapes (conv only: eager runs the epilogue as separate kernels)."""
+    from experiments.baselines import time_cuda
+    aten = torch.ops.aten
+    rows = []
+    steps = {name: {st.name: st for st in exe.steps} for name, exe in exes.items()}
+    for gname, gr in graph.groups.items():
+        if gr.kind != "conv":
+            continue
+        op = graph.ops[gr.ops[0]]
+        a = op.node.args
+        x_info, w_info = graph.tensors[op.inputs[0]], graph.tensors[op.inputs[1]]
+        row: dict[str, Any] = {"block": blk.name, "batch": batch, "kernel": gname,
+                               "x": list(x_info.shape), "w": list(w_info.shape), "stride": list(a[3]),
+                               "padding": list(a[4]), "groups": a[8], "epilogue_ops": len(gr.ops) - 1}
+        for name, st in ((n, s.get(gname)) for n, s in steps.items()):
+            key = f"triton_{name.removeprefix('vtc_')}_us"
+            try:
+                row[key] = time_cuda(st.launch, cuda_graph=True)[0] if st is not None and st.lowering == "conv" \
+                    else None
+            except Exception as e:  # a failure of one measurement is reported
+                row[key] = None
+                row.setdefault("notes", []).append(f"{key}: {type(e).__name__}: {e}"[:200])
+        try:
+            exe = next(iter(exes.values()))
+            w = exe.storages[op.inputs[1]]
+            b = exe.storages[op.inputs[2]] if len(op.inputs) > 2 else None
+            x = torch.randn(x_info.shape, dtype=x_info.dtype, device=w.device)
+            row["cudnn_us"] = time_cuda(lambda: aten.convolution(x, w, b, a[3], a[4], a[5], a[6], a[7], a[8]),
+                                        cuda_graph=True)[0]
+        except Exception as e:
+            row["cudnn_us"] = None
+            row.setdefault("notes", []).append(f"cudnn: {type(e).__name__}: {e}"[:200])
+        t, c = row.get("triton_ilp_us"), row.get("cudnn_us")
+        row["triton_slower"] = bool(t and c and t > c)
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------
+# one case: a block at one batch size
+# ---------------------------------------------------------------------------
+
+def run_case(name: str, batch: int, args: argparse.Namespace, log: Callable[[str], None],
+             variants: Sequence[str]) -> tuple[list[dict], list[dict], dict]:
+    from vtcsearch.capture import capture
+    from vtcsearch.vtog import build_vtog
+
+    size, device = ("tiny", "cpu") if args.dry_run else ("full", "cuda")
+    torch.manual_seed(0)
+    blk = BLOCKS[name](size, batch, device, DTYPE)
+    with torch.no_grad():
+        out = blk.model(*blk.inputs)
+    ref = [o.clone() for o in (out if isinstance(out, (tuple, list)) else [out])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = capture(blk.model, blk.inputs)
+    v = build_vtog(g)
+    strats = {k: s for k, s in strategies(v).items() if k in variants or args.dry_run}
+    info: dict[str, Any] = {"block": name, "batch": batch, "description": blk.description, "vtog": v.summary(),
+                            "kernel_groups": {gr.name: gr.kind for gr in g.groups.values()}}
+    log(f"== {name} batch {batch}: {blk.description}; VTOG {v.summary()['nodes']} nodes, {len(v.edges)} edges")
+    exes: dict[str, Any] = {}
+
+    def vtc_build(sname: str) -> Callable[[], Callable[[], Any]]:
+        def build() -> Callable[[], Any]:
+            exe, res = realize_checked(g, strats[sname], blk, ref)
+            exes[sname] = exe
+            info[sname] = res
+            log(f"   {sname}: {res['kernels']} kernels ({res['copy_kernels']} copies), "
+                f"{res['residual_copies']} residual copies, max |err| vs eager {res['max_abs_err']:.2e}"
+                f"{'' if res['numerics_ok'] else '  NUMERICS MISMATCH'}"
+                f"{'; fallbacks: ' + ', '.join(res['fallbacks']) if res['fallbacks'] else ''}")
+            if args.dry_run:
+                return lambda: None
+            exe.set_inputs(*blk.inputs)
+            ins = [exe.storages[t] for t in g.inputs]   # the static buffers: no input copy per call
+            call = exe.cuda_graph()
+            return lambda: call(*ins)
+        return build
+
+    rows: list[dict] = []
+    if args.dry_run:
+        for sname in strats:
+            try:
+                vtc_build(sname)()
+            except Exception as e:  # reported, the other strategies still run
+                info[sname] = {"error": f"{type(e).__name__}: {e}"[:300], "numerics_ok": False}
+                log(f"   {sname}: FAILED {info[sname]['error']}")
+    else:
+        from experiments.baselines import Variant, baseline_variants, run_variant
+        torch._dynamo.reset()    # no recompilation limits or dynamic shapes carried over from the last case
+        vs = baseline_variants(blk.model, blk.inputs, [n for n in variants if not n.startswith("vtc_")])
+        vs += [Variant(s, vtc_build(s)) for s in strats]
+        for var in vs:
+            m, _ = run_variant(var)
+            rows.append({"block": name, "batch": batch, **m.to_dict()})
+            log(f"   {var.name:22s} " + (f"{m.median_us:9.1f} us  peak {(m.peak_memory_bytes or 0) / 2 ** 20:7.1f} MiB"
+                                         f"  kernels {m.kernels} (movement {m.movement_kernels})"
+                                         if m.median_us else f"skipped: {m.skipped}"))
+            torch.cuda.empty_cache()
+        base = [r["median_us"] for r in rows if not r["name"].startswith("vtc") and r["median_us"]]
+        best = min(base) if base else math.nan
+        for r in rows:
+            r["speedup_vs_best_baseline"] = best / r["median_us"] if r["median_us"] else None
+            res = info.get(r["name"], {})
+            r["numerics_ok"] = res.get("numerics_ok")
+            r["copy_kernels"] = res.get("copy_kernels")
+    # none and ILP run the same kernels on other data movement: the same bits
+    outs = {k: info[k]["outputs"] for k in strats if "outputs" in info.get(k, {})}
+    if len(outs) == 2:
+        a, b = outs.values()
+        info["none_vs_ilp_bit_identical"] = all(torch.equal(x, y) for x, y in zip(a, b))
+        log(f"   vtc_none vs vtc_ilp bit-identical: {info['none_vs_ilp_bit_identical']}")
+    for k in strats:
+        info.get(k, {}).pop("outputs", None)
+    layers: list[dict] = []
+    if not args.dry_run and exes:
+        try:
+            layers = conv_layers(g, exes, blk, batch)
+        except Exception as e:  # the latency rows stand without the per-layer table
+            log(f"   conv layers: FAILED {type(e).__name__}: {e}")
+        for r in layers:
+            if r["triton_slower"]:
+                log(f"   conv {r['kernel']} x{r['x']} w{r['w']}: triton {r['triton_ilp_us']:.1f} us "
+                    f"(dense {r.get('triton_none_us') or math.nan:.1f}) vs cuDNN {r['cudnn_us']:.1f} us")
+    return rows, layers, info
+
+
+# ---------------------------------------------------------------------------
+# reporting
+# ---------------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    import triton
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton.__version__}
+
+
+def _f(v: Any, fmt: str) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+
+def markdown(rows: list[dict], layers: list[dict], infos: list[dict], meta: dict) -> str:
+    m = meta["machine"]
+    lines = ["# Vision blocks: vtcsearch against eager and torch.compile (fp16)", "",
+             f"Command: `{meta['command']}`  ", f"Machine: {m['gpu'] or m['cpu'] + ' (no GPU)'} "
+             f"(torch {m['torch']}, triton {m['triton']})  ", f"Date: {meta['date']}", ""]
+    if rows:
+        lines += ["| block | batch | variant | median us | speedup vs best baseline | peak MiB | kernels "
+                  "| movement kernels | vtc copy kernels | numerics |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            if r["median_us"] is None:
+                lines.append(f"| {r['block']} | {r['batch']} | {r['name']} | skipped: {r['skipped']} | | | | | | |")
+                continue
+            num = "" if r.get("numerics_ok") is None else ("ok" if r["numerics_ok"] else "MISMATCH")
+            lines.append(f"| {r['block']} | {r['batch']} | {r['name']} | {r['median_us']:.1f} | "
+                         f"{_f(r['speedup_vs_best_baseline'], '.2f')}{'x' if r['speedup_vs_best_baseline'] else ''} | "
+                         f"{_f((r['peak_memory_bytes'] or 0) / 2 ** 20, '.1f')} | {_f(r['kernels'], 'd')} | "
+                         f"{_f(r['movement_kernels'], 'd')} | {_f(r.get('copy_kernels'), 'd')} | {num} |")
+    slow = [r for r in layers if r.get("triton_slower")]
+    if layers:
+        lines += ["", f"## Conv layers where the Triton conv is slower than cuDNN ({len(slow)} of {len(layers)})", "",
+                  "Triton: conv + fused epilogue through the operands' maps (as the ILP strategy realized it, and "
+                  "with every operand dense); cuDNN: the conv alone on dense NCHW operands.", "",
+                  "| block | batch | kernel | x | w | stride | groups | triton ilp us | triton dense us | cuDNN us |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in slow:
+            lines.append(f"| {r['block']} | {r['batch']} | {r['kernel']} | {r['x']} | {r['w']} | {r['stride']} | "
+                         f"{r['groups']} | {_f(r.get('triton_ilp_us'), '.1f')} | {_f(r.get('triton_none_us'), '.1f')} "
+                         f"| {_f(r.get('cudnn_us'), '.1f')} |")
+    lines += ["", "## Strategies", "", "| block | batch | strategy | kernels | copy kernels | residual copies "
+              "| eliminated movement ops | max abs err vs eager | fallbacks |", "|---|---|---|---|---|---|---|---|---|"]
+    for inf in infos:
+        for s in ("vtc_none", "vtc_ilp"):
+            r = inf.get(s)
+            if not r:
+                continue
+            if "error" in r:
+                lines.append(f"| {inf['block']} | {inf['batch']} | {s} | failed: {r['error']} | | | | | |")
+                continue
+            lines.append(f"| {inf['block']} | {inf['batch']} | {s} | {r['kernels']} | {r['copy_kernels']} | "
+                         f"{r['residual_copies']} | {len(r['eliminated_ops'])} | {r['max_abs_err']:.2e} | "
+                         f"{', '.join(r['fallbacks']) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path, rows: list[dict], layers: list[dict], infos: list[dict], meta: dict,
+          log_lines: list[str]) -> None:
+    import pandas as pd
+    out.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(out / "latency.csv", index=False)
+    pd.DataFrame(layers).to_csv(out / "conv_layers.csv", index=False)
+    (out / "summary.json").write_text(json.dumps({"meta": meta, "cases": infos, "rows": rows, "conv_layers": layers},
+                                                 indent=1, default=str))
+    (out / "README.md").write_text(markdown(rows, layers, infos, meta))
+    (out / "log.txt").write_text("\n".join(log_lines) + "\n")
+
+
+VARIANTS = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph",
+            "vtc_none", "vtc_ilp")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", nargs="+", default=list(BLOCKS), choices=list(BLOCKS))
+    ap.add_argument("--batch", nargs="+", type=int, default=list(BATCHES))
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    ap.add_argument("--out", default="results/vision")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny sizes on the CPU through Triton's interpreter: numerics only, no timing")
+    args = ap.parse_args(argv)
+    if args.dry_run:
+        os.environ["TRITON_INTERPRET"] = "1"   # before anything imports triton's kernels
+        args.batch = args.batch[:1]
+        warnings.filterwarnings("ignore", category=RuntimeWarning)   # the interpreter's numpy overflow notes
+    elif not torch.cuda.is_available():
+        print("no CUDA device: use --dry-run for a CPU check", file=sys.stderr)
+        return 2
+    else:
+        torch.backends.cudnn.benchmark = True   # cuDNN at its best algorithm, for eager and the per-layer table
+    out = Path(args.out)
+    log_lines: list[str] = []
+
+    def log(s: str) -> None:
+        print(s, flush=True)
+        log_lines.append(s)
+
+    meta = {"command": "python -m experiments.vision_blocks " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "dtype": str(DTYPE), "dry_run": args.dry_run}
+    rows, layers, infos = [], [], []
+    ok = True
+    for name in args.blocks:
+        for b in args.batch:
+            try:
+                r, lay, info = run_case(name, b, args, log, args.variants)
+            except Exception as e:  # one block failing does not stop the others
+                info = {"block": name, "batch": b, "error": f"{type(e).__name__}: {e}"[:300]}
+                r, lay = [], []
+                log(f"== {name} batch {b}: FAILED {info['error']}")
+                ok = False
+            ok &= all(info.get(s, {}).get("numerics_ok", True) for s in ("vtc_none", "vtc_ilp"))
+            ok &= info.get("none_vs_ilp_bit_identical", True)
+            rows += r
+            layers += lay
+            infos.append(info)
+            write(out, rows, layers, infos, meta, log_lines)   # after every case: a cut-short run keeps its results
+            if torch.cuda.is_available() and not args.dry_run:
+                torch.cuda.empty_cache()
+    print(markdown(rows, layers, infos, meta))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

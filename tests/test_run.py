@@ -1,0 +1,295 @@
+"""The experiment runner end to end on the CPU, config validation, summary.json's schema, vtcsearch.compile.
+
+``python -m vtcsearch.run configs/tiny.yaml`` runs in-process (``main([...])``): capture
+on meta tensors, search with the analytical H200 model, numerics on a CPU copy through
+Triton's interpreter.  Every output file is checked, and summary.json against the
+schema documented in the README (section "summary.json").
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import vtcsearch
+from vtcsearch.config import ConfigError, load_config
+from vtcsearch.run import NUMERICS_FIELDS, ROW_FIELDS, main
+
+pytest.importorskip("triton")
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "configs" / "tiny.yaml"
+
+NUM = (int, float)
+OPT_NUM = (int, float, type(None))
+OPT_INT = (int, type(None))
+OPT_STR = (str, type(None))
+OPT_BOOL = (bool, type(None))
+# summary.json "rows": field -> allowed JSON types (the README's table)
+ROW_TYPES = {
+    "case": str, "batch": int, "workload": str, "variant": str, "kind": str, "solver": OPT_STR, "status": str,
+    "reason": OPT_STR, "latency_us": OPT_NUM, "latency_source": OPT_STR, "predicted_latency_us": OPT_NUM,
+    "measured_latency_us": OPT_NUM, "measured_p20_us": OPT_NUM, "measured_p80_us": OPT_NUM,
+    "speedup_vs_none": OPT_NUM, "speedup_vs_best_baseline": OPT_NUM, "objective": OPT_NUM,
+    "predicted_peak_bytes": OPT_INT, "predicted_activation_peak_bytes": OPT_INT, "measured_peak_bytes": OPT_INT,
+    "kernels": OPT_INT, "movement_kernels": OPT_INT, "movement_us": OPT_NUM, "compute_us": OPT_NUM,
+    "virtual_tensors": OPT_INT, "eliminated_ops": OPT_INT, "residual_copies": OPT_INT, "solver_status": OPT_STR,
+    "solve_wall_s": OPT_NUM, "oracle_calls": OPT_INT, "unit_queries": OPT_INT, "measurements": OPT_INT,
+    "numerics_ok": OPT_BOOL, "numerics_size": OPT_STR, "numerics_rel_err": OPT_NUM, "numerics_max_abs_err": OPT_NUM,
+}
+TOP_TYPES = {
+    "schema_version": int, "name": str, "description": str, "config_path": OPT_STR, "command": str, "date": str,
+    "wall_s": NUM, "measured": bool, "machine": dict, "oracle": dict, "objective": str, "config": dict,
+    "cases": list, "rows": list, "numerics": list, "notes": list, "files": dict,
+}
+CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
+              "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
+              "best_solver": OPT_STR, "error": OPT_STR}
+
+
+def typed(value, types) -> bool:
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        return False
+    return isinstance(value, types)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tiny")
+    rc = main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet"])
+    return rc, out
+
+
+def test_tiny_run_writes_every_file(tiny_run):
+    rc, out = tiny_run
+    assert rc == 0
+    for f in ("summary.csv", "summary.json", "kernels.csv", "numerics.csv", "report.md", "log.txt",
+              "latency.png", "memory.png", "breakdown.png"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+    for png in list(out.glob("*.png")) + list((out / "vtog").glob("*.png")):
+        data = png.read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, png      # a real picture, not a blank stub
+    cfg = load_config(TINY)
+    for solver in cfg.solvers:                                                     # draw: all
+        assert (out / "vtog" / f"llama3-bs1_{solver}.png").is_file()
+        assert json.loads((out / "strategies" / f"llama3-bs1_{solver}.json").read_text())["edges"] is not None
+    vt = json.loads((out / "vtog" / "llama3-bs1.json").read_text())
+    assert vt["nodes"] and vt["edges"] and vt["options"]
+
+
+def test_summary_csv_and_kernel_breakdown(tiny_run):
+    _, out = tiny_run
+    with open(out / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert tuple(rows[0].keys()) == ROW_FIELDS
+    cfg = load_config(TINY)
+    assert [r["variant"] for r in rows] == [f"vtc_{s}" for s in cfg.solvers] + cfg.baselines
+    for r in rows:
+        if r["kind"] == "vtcsearch":
+            assert r["status"] == "ok" and r["latency_source"] == "modelled" and float(r["latency_us"]) > 0
+            assert r["kernels"].isdigit() and r["numerics_ok"] == "True"
+        else:
+            assert r["status"] == "skipped" and "CUDA" in r["reason"]
+    with open(out / "kernels.csv") as f:
+        krows = list(csv.DictReader(f))
+    assert {"case", "batch", "variant", "solver", "unit", "kind", "us", "bytes", "flops"} <= set(krows[0])
+    assert {r["solver"] for r in krows} == set(cfg.solvers)
+    assert {r["kind"] for r in krows} <= {"kernel", "copy"}
+    with open(out / "numerics.csv") as f:
+        assert tuple(next(csv.reader(f))) == NUMERICS_FIELDS
+
+
+def test_summary_json_schema(tiny_run):
+    _, out = tiny_run
+    s = json.loads((out / "summary.json").read_text())
+    assert set(s) == set(TOP_TYPES)
+    for k, t in TOP_TYPES.items():
+        assert typed(s[k], t), (k, s[k])
+    assert s["schema_version"] == 1 and s["measured"] is False and s["name"] == "tiny"
+    assert s["oracle"]["oracle"] == "analytical" and s["oracle"]["hardware"] == "H200"
+    assert {"device", "gpu", "cpu", "python", "torch", "triton"} <= set(s["machine"])
+    assert any("modelled" in n for n in s["notes"])
+    for c in s["cases"]:
+        assert set(c) == set(CASE_TYPES)
+        for k, t in CASE_TYPES.items():
+            assert typed(c[k], t), (k, c[k])
+        assert c["error"] is None and c["best_solver"] in load_config(TINY).solvers
+    assert s["rows"]
+    for r in s["rows"]:
+        assert tuple(r) == ROW_FIELDS
+        for k, t in ROW_TYPES.items():
+            assert typed(r[k], t), (r["variant"], k, r[k])
+        assert r["kind"] in ("vtcsearch", "baseline") and r["status"] in ("ok", "skipped", "failed")
+        assert r["latency_source"] in (None, "measured", "modelled")
+    vtc = {r["solver"]: r for r in s["rows"] if r["kind"] == "vtcsearch"}
+    assert vtc["none"]["speedup_vs_none"] == pytest.approx(1.0)
+    # the search removes data movement: the ILP's strategy is modelled faster and copies less than all-physical
+    assert vtc["ilp"]["predicted_latency_us"] < vtc["none"]["predicted_latency_us"]
+    assert vtc["ilp"]["movement_kernels"] < vtc["none"]["movement_kernels"]
+    assert vtc["ilp"]["eliminated_ops"] > 0 and vtc["none"]["eliminated_ops"] == 0
+    for n in s["numerics"]:
+        assert tuple(n) == NUMERICS_FIELDS
+        assert n["ok"] is True and n["rel_err"] < 0.05 and n["bitwise_equal_none"] is True
+    for key, rel in s["files"].items():
+        for p in (rel if isinstance(rel, list) else [rel]):
+            assert (out / p).exists(), (key, p)
+
+
+def test_report_says_modelled(tiny_run):
+    _, out = tiny_run
+    text = (out / "report.md").read_text()
+    assert "modelled, not measured" in text
+    assert "## Numerics" in text and "![latency](latency.png)" in text
+    assert "## Skipped or failed" in text
+    for b in load_config(TINY).baselines:
+        assert f"`{b}`" in text
+
+
+# ---------------------------------------------------------------------------
+# config validation
+# ---------------------------------------------------------------------------
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return p
+
+
+def tiny_text() -> str:
+    return TINY.read_text()
+
+
+def test_every_shipped_config_loads():
+    names = sorted(p.stem for p in (ROOT / "configs").glob("*.yaml"))
+    assert {"llama", "gemma2", "efficientvit", "yolo11", "shufflenet", "tiny"} <= set(names)
+    for n in names:
+        cfg = load_config(ROOT / "configs" / f"{n}.yaml")
+        assert cfg.name == n and cfg.output == f"results/{n}"
+    llama = load_config(ROOT / "configs" / "llama.yaml")
+    assert llama.batch_sizes == [1, 16] and llama.hardware == "H200" and llama.oracle == "auto"
+
+
+@pytest.mark.parametrize("edit,key,words", [
+    (lambda t: t + "colour: blue\n", "colour", "unknown key"),
+    (lambda t: t.replace("numerics:\n", "numerics:\n  speed: 3\n"), "numerics.speed", "unknown key"),
+    (lambda t: t.replace("batch_sizes: [1]", "batch_sizes: 1"), "batch_sizes", "expected a list"),
+    (lambda t: t.replace("batch_sizes: [1]", "batch_sizes: [one]"), "batch_sizes[0]", "expected an integer"),
+    (lambda t: t.replace("dtype: bfloat16", "dtype: float64"), "dtype", "choices"),
+    (lambda t: t.replace("solvers: [none, greedy, ilp]", "solvers: [none, gredy]"), "solvers[1]", "unknown solver"),
+    (lambda t: t.replace("oracle: auto", "oracle: psychic"), "oracle", "unknown oracle"),
+    (lambda t: t.replace("hardware: H200", "hardware: Z80"), "hardware", "unknown hardware"),
+    (lambda t: t.replace("objective: latency", "objective: speed"), "objective", "choices"),
+    (lambda t: t.replace("baselines: [eager,", "baselines: [tensorrt,"), "baselines[0]", "unknown baseline"),
+    (lambda t: t.replace("  name: llama3\n", "  name: llama4\n"), "workload.name", "unknown workload"),
+    (lambda t: t.replace("part: attention", "prat: attention"), "workload.params.prat", "unknown parameter"),
+    (lambda t: t.replace("output: results/tiny\n", ""), "output", "missing required key"),
+    (lambda t: t.replace("  enabled: true", "  enabled: yes please"), "numerics.enabled", "expected true or false"),
+])
+def test_config_errors_are_one_line_naming_file_and_key(tmp_path, edit, key, words):
+    p = write(tmp_path, edit(tiny_text()))
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "\n" not in msg and str(p) in msg and key in msg and words in msg, msg
+
+
+def test_bad_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"c\.yaml: not valid YAML \(line 2"):
+        load_config(write(tmp_path, "name: x\n  - : [\n"))
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_cli_rejects_bad_config_and_solver(tmp_path, capsys):
+    assert main([str(write(tmp_path, tiny_text() + "extra: 1\n")), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ConfigError: ") and "extra" in err and err.count("\n") == 1
+    assert main([str(TINY), "--solvers", "ilp,bogus", "--out", str(tmp_path / "o")]) == 2
+    assert "--solvers[1]: unknown solver 'bogus'" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# ---------------------------------------------------------------------------
+# vtcsearch.compile
+# ---------------------------------------------------------------------------
+class Small(nn.Module):
+    """A GEMM, a split, a transpose, a concat and an expand: data movement the search can remove."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(16, 48)
+
+    def forward(self, x, y):
+        q, k, v = self.proj(x).split(16, dim=-1)
+        a = torch.cat([q.transpose(0, 1), k.transpose(0, 1)], dim=0).relu()
+        return a * 2.0, (v + y.expand(4, 16)).sigmoid()
+
+
+def test_compile_small_module_equals_eager():
+    torch.manual_seed(0)
+    m = Small().eval()
+    x, y = torch.randn(4, 16), torch.randn(1, 16)
+    with torch.no_grad():
+        ref = m(x, y)
+    fast = vtcsearch.compile(m, (x, y), solver="ilp")
+    out = fast(x, y)
+    assert isinstance(out, tuple) and len(out) == 2
+    for o, r in zip(out, ref):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+    x2 = torch.randn(4, 16)                              # new values, same shapes: still eager's answer
+    with torch.no_grad():
+        ref2 = m(x2, y)
+    out2 = fast(x2, y)
+    for o, r in zip(out2, ref2):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out[0], ref[0], rtol=1e-4, atol=1e-5)   # outputs are fresh tensors
+    assert fast.strategy.edges and fast.strategy.eliminated_ops()
+    assert "virtual tensors" in fast.report() and fast.graph is fast.strategy.graph
+    with pytest.raises(ValueError, match="compiled for"):
+        fast(torch.randn(5, 16), y)
+    with pytest.raises(TypeError, match="tensor argument"):
+        fast(x)
+
+
+def test_compile_tiny_llama_block_equals_eager_with_kv_cache():
+    from experiments.workloads import build_workload
+    torch.manual_seed(0)
+    w = build_workload("llama3", size="tiny", part="attention", device="cpu", dtype=torch.float32)
+    saved = {n: b.clone() for n, b in w.model.named_buffers()}
+    with torch.no_grad():
+        ref = w.model(*w.example_inputs).clone()
+    ref_bufs = {n: b.clone() for n, b in w.model.named_buffers()}
+    for n, b in w.model.named_buffers():
+        b.copy_(saved[n])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = vtcsearch.compile(w.model, w.example_inputs, solver="ilp", objective="latency")
+    for n, b in w.model.named_buffers():          # compiling leaves the caches as they were
+        assert torch.equal(b, saved[n]), n
+    out = fast(*w.example_inputs)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for n, b in w.model.named_buffers():          # the KV cache is updated in place, as eager does
+        torch.testing.assert_close(b, ref_bufs[n], rtol=1e-4, atol=1e-4)
+    assert len(fast.strategy.eliminated_ops()) > 20 and fast.executable.summary()["copy_kernels"] <= 2
+    assert math.isfinite(fast.result.objective)
+
+
+def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
+    import vtcsearch.vtog
+
+    def broken(graph):
+        raise KeyError("no index tensor 'clamp_1' for an indirect map")
+    monkeypatch.setattr(vtcsearch.vtog, "build_vtog", broken)
+    out = tmp_path / "o"
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]) == 1
+    s = json.loads((out / "summary.json").read_text())
+    (case,) = s["cases"]
+    assert case["error"].startswith("VTOG construction: KeyError") and "clamp_1" in case["error"]
+    assert {r["status"] for r in s["rows"]} == {"failed"} and any("failed" in n for n in s["notes"])
+    assert "case failed" in (out / "report.md").read_text()

@@ -1,0 +1,162 @@
+"""``vtcsearch.compile``: one call from an ``nn.Module`` to a callable that runs it with virtual tensors.
+
+    import vtcsearch
+    fast = vtcsearch.compile(model, (x,), solver="ilp")      # capture, search, validate, realize
+    y = fast(x)                                              # same call signature (tensor args) as model
+    print(fast.report()); fast.strategy; fast.graph; fast.executable
+
+It is the torch.compile-style entry point, with the same contract as
+``torch.compile(model)(x)``: same outputs as eager (up to the rounding of fused
+kernels), and the module's mutable buffers (a KV cache) updated in place as eager
+updates them.  Shapes, dtypes and non-tensor arguments are specialised to
+``example_inputs`` (a call with other shapes is an error, not a recompile).
+Outputs are fresh tensors (clones of the executable's storages), so results of
+earlier calls stay valid.  On a CPU model the Triton kernels run through Triton's
+interpreter (``TRITON_INTERPRET=1`` is set if no kernel was imported yet): slow, for
+checking; on a GPU they are compiled for it.
+
+Why there is no ``torch.compile(model, backend=vtcsearch.backend)``: a dynamo
+backend receives a GraphModule whose parameters and buffers are lifted to graph
+inputs (``inline_inbuilt_nn_modules``, the default since torch 2.5), so
+re-exporting it would (a) make every weight a per-call user input that the
+executable copies into its own storage on each call, and (b) turn an in-place
+KV-cache update into a mutation of a user input, which torch 2.13's
+``torch.export`` of that GraphModule does not report as an output (checked:
+only ``USER_OUTPUT`` specs come back), so :mod:`vtcsearch.capture` could not see
+the write and the cache would silently stay stale.  Add guards, graph breaks and
+recompiles across torch 2.11 and 2.13, and a backend is not simple and robust;
+``compile`` captures the whole module with ``torch.export`` instead, where
+parameters, buffers and their mutations are first-class.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["Compiled", "compile"]
+
+
+def _device_of(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.device:
+    for t in list(model.parameters()) + list(model.buffers()) + [a for a in example_inputs
+                                                                  if isinstance(a, torch.Tensor)]:
+        return t.device
+    return torch.device("cpu")
+
+
+class Compiled:
+    """A model compiled by :func:`compile`: call it like the model; inspect what the search chose."""
+
+    def __init__(self, model: torch.nn.Module, graph, vtog, result, oracle, executable, cuda_graph: bool):
+        self.model, self.graph, self.vtog, self.result, self.oracle = model, graph, vtog, result, oracle
+        self.strategy = result.strategy
+        self.executable = executable
+        self._call = executable.cuda_graph() if cuda_graph else executable
+        self._specs = [graph.tensors[n] for n in graph.inputs]
+        ep = graph.exported
+        self._out_spec = getattr(getattr(ep, "call_spec", None), "out_spec", None)
+
+    def _check(self, args: Sequence[Any]) -> None:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if len(tensors) != len(self._specs):
+            raise TypeError(f"expected {len(self._specs)} tensor argument(s) as at compile time, got {len(tensors)}")
+        for k, (x, info) in enumerate(zip(tensors, self._specs)):
+            if tuple(x.shape) != tuple(info.shape) or x.dtype != info.dtype:
+                raise ValueError(f"tensor argument {k}: compiled for {tuple(info.shape)} {info.dtype}, got "
+                                 f"{tuple(x.shape)} {x.dtype} (compile again for other shapes or dtypes)")
+            if x.device != self.executable.device:
+                raise ValueError(f"tensor argument {k} is on {x.device}, the compiled model on "
+                                 f"{self.executable.device}")
+
+    def __call__(self, *args: Any) -> Any:
+        self._check(args)
+        with torch.no_grad():
+            outs = [o.clone() for o in self._call(*args)]
+        if self._out_spec is not None:
+            from torch.utils._pytree import tree_unflatten
+            if self._out_spec.num_leaves == len(outs):
+                return tree_unflatten(outs, self._out_spec)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def report(self) -> str:
+        """What the search chose and what the oracle predicts, as short text."""
+        ev = self.oracle.evaluate(self.strategy)
+        none = self.oracle.evaluate(type(self.strategy)(self.vtog, [])) if self.strategy.edges else ev
+        s, summ = self.strategy, self.executable.summary()
+        speed = none.latency_s / ev.latency_s if ev.latency_s else math.nan
+        desc = self.oracle.describe()
+        return "\n".join([
+            f"vtcsearch: {self.graph!r}",
+            f"  VTOG: {len(self.vtog.edges)} edges over {len(self.vtog.candidates())} candidate tensors",
+            f"  solver {self.result.solver} ({self.result.status}, {self.result.wall_s:.2f} s): "
+            f"{len(s.virtual)} virtual tensors, {len(s.eliminated_ops())} of {len(self.graph.movement_ops())} "
+            f"movement ops eliminated, {len(s.residuals)} residual copies",
+            f"  predicted by {desc.get('oracle')}"
+            + (f" ({desc['hardware']})" if "hardware" in desc else "")
+            + f": {ev.latency_s * 1e6:.1f} us vs {none.latency_s * 1e6:.1f} us all-physical ({speed:.2f}x)"
+            + (f", peak {ev.peak_bytes / 2 ** 20:.2f} MiB" if ev.peak_bytes is not None else ""),
+            f"  executable on {self.executable.device}: {summ['kernels']} kernels ({summ['copy_kernels']} copies), "
+            f"lowerings {summ['by_lowering']}" + (f", ATen fallbacks {list(summ['fallbacks'])}" if summ["fallbacks"]
+                                                  else ""),
+        ])
+
+    def __repr__(self) -> str:
+        return f"<vtcsearch.Compiled {type(self.model).__name__}: {self.result.solver}, " \
+               f"{len(self.strategy.virtual)} virtual tensors>"
+
+
+def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: str = "ilp",
+            oracle: Any = "analytical", hardware: str = "H200", objective: Any = "latency",
+            cuda_graph: bool = False, budget: float | None = None, seed: int = 0) -> Compiled:
+    """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
+
+    ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
+    ``"latency" | "memory" | "mix"`` or a ``cost_models.Objective``; ``cuda_graph``: replay
+    the whole step list as one CUDA graph (GPU only); ``budget``: the solver's budget
+    (its own unit).  Returns a :class:`Compiled` callable.
+    """
+    import warnings
+
+    from cost_models import CostOracle, Objective, get_oracle
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
+    dev = _device_of(model, example_inputs)
+    if dev.type == "meta":
+        raise ValueError("the model is on the meta device: compile needs real weights (build it on cpu or cuda)")
+    if dev.type == "cpu":
+        from .run import ensure_interpreter
+        ensure_interpreter()
+    if cuda_graph and dev.type != "cuda":
+        raise ValueError("cuda_graph=True needs a model on a CUDA device")
+    if isinstance(objective, str):
+        objectives = {"latency": Objective.latency, "memory": Objective.memory, "mix": Objective.mix}
+        if objective not in objectives:
+            raise ValueError(f"unknown objective {objective!r}; choices: {', '.join(objectives)}")
+        objective = objectives[objective]()
+    if isinstance(oracle, str):
+        kw: dict[str, Any] = {"objective": objective}
+        if oracle in ("analytical", "recorded"):
+            kw["hardware"] = hardware
+        oracle = get_oracle(oracle, **kw)
+    elif not isinstance(oracle, CostOracle):
+        raise TypeError(f"oracle must be a name or a cost_models.CostOracle, got {type(oracle).__name__}")
+
+    from solvers import get_solver
+
+    from .capture import capture
+    from .realize import realize
+    from .vtog import build_vtog
+
+    search = get_solver(solver)
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = capture(model, example_inputs)
+        vtog = build_vtog(graph)
+        result = search(vtog, oracle, budget=budget, seed=seed)
+        result.strategy.validate()
+        exe = realize(graph, result.strategy, model)
+    return Compiled(model, graph, vtog, result, oracle, exe, cuda_graph)

@@ -1,0 +1,435 @@
+"""Fusion: which ops one compute kernel runs, and in which order kernels run.
+
+A compiler launches one kernel per *group* of ops, not one per ATen op.  The
+groups here are the ones the kernel templates of :mod:`vtcsearch.kernels` can
+run, found in this order:
+
+``attention``
+    ``bmm -> (scale, soft-cap, casts) -> softmax -> (casts) -> bmm`` with the
+    reshapes and broadcasts between them: one FlashAttention / FlashDecoding kernel.
+``rmsnorm``
+    ``x * rsqrt(mean(x^2) + eps) * w`` (with its dtype casts): one row kernel.
+``elementwise``
+    connected pointwise ops and the pure reshapes, selects, slices and stacks
+    *between* them: one fused elementwise kernel (what Inductor does by inlining views).
+``matmul`` / ``conv``
+    the product, plus the elementwise group that reads nothing but its result
+    at the same index (the epilogue).
+anything else
+    alone (``reduction``, ``other``).
+
+Movement ops inside a group are *absorbed*: the kernel does their index
+arithmetic, so they are not VTOG opportunities and never copy.  Only a movement
+op whose every producer and consumer is in the same group is absorbed, so the
+search keeps every choice that changes memory traffic between kernels.
+
+Groups do not keep the export's op order (a fused group may need an op that
+export placed between two of its members), so :func:`schedule` sorts them
+topologically; every op of a group shares the group's step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Iterable
+
+import networkx as nx
+import torch
+
+if TYPE_CHECKING:
+    from .graph import OpNode, TensorGraph
+
+aten = torch.ops.aten
+
+ELEMENTWISE, ATTENTION, RMSNORM, MATMUL, CONV = "elementwise", "attention", "rmsnorm", "matmul", "conv"
+
+
+@dataclass
+class Group:
+    """One compute kernel: its kind and its ops (compute and absorbed movement), in export order."""
+
+    name: str
+    kind: str
+    ops: list[str]
+    info: dict[str, Any] = field(default_factory=dict)   # what the pattern found (attention: q/k/v, scale...)
+
+
+# ---------------------------------------------------------------------------
+# helpers over the graph
+# ---------------------------------------------------------------------------
+
+def is_pure_movement(g: "TensorGraph", op: "OpNode") -> bool:
+    """A movement op a kernel can absorb: every output a plain gather of its inputs, no runtime indices."""
+    if op.kind != "movement" or op.node is None or op.movement is None:
+        return False
+    mv = op.movement
+    if mv.updates or mv.inplace or len(mv.outputs) != len(op.outputs):
+        return False
+    read = set()
+    for m in mv.outputs:
+        if m.has_lookup() or m.syms():
+            return False
+        read |= m.targets()
+    # every tensor input is read (``copy(self, src)`` only takes self's shape: not absorbed)
+    return read == {f"in{k}" for k in range(len(op.inputs))}
+
+
+def _producer(g: "TensorGraph", t: str) -> "OpNode | None":
+    p = g.tensors[t].producer
+    return g.ops[p] if p is not None else None
+
+
+def _sole_consumer(g: "TensorGraph", t: str) -> "OpNode | None":
+    info = g.tensors[t]
+    if len(info.consumers) != 1 or info.is_output or t in g.mutations:
+        return None
+    return g.ops[info.consumers[0]]
+
+
+def _scalar_args(op: "OpNode") -> list[Any]:
+    """The non-tensor positional arguments of an op's fx node."""
+    return [a for a in op.node.args if not isinstance(a, torch.fx.Node)] if op.node is not None else []
+
+
+def _is_cast(op: "OpNode") -> bool:
+    return op.node is not None and op.node.target in (aten._to_copy.default, aten.convert_element_type.default
+                                                      if hasattr(aten, "convert_element_type") else None)
+
+
+def _is_identity_move(op: "OpNode") -> bool:
+    return op.kind == "movement" and op.movement_op is not None and op.movement_op.name in ("identity", "to_copy")
+
+
+def _tensor_args(op: "OpNode") -> list[str]:
+    return list(op.inputs)
+
+
+# ---------------------------------------------------------------------------
+# patterns
+# ---------------------------------------------------------------------------
+
+_SCALE_OPS = {aten.div.Tensor, aten.div.Scalar, aten.mul.Tensor, aten.mul.Scalar}
+
+
+def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
+    """``bmm(q, kT) -> [view] -> [scale | softcap | cast]* -> softmax -> [cast] -> [expand/view] -> bmm(., v)``."""
+    if softmax.node is None or softmax.node.target is not aten._softmax.default:
+        return None
+    x_shape = g.tensors[softmax.inputs[0]].shape
+    dim = softmax.node.args[1]
+    if dim not in (-1, len(x_shape) - 1):
+        return None
+    ops: list[str] = [softmax.name]
+    pre: list["OpNode"] = []
+    # backward to the first bmm
+    t = softmax.inputs[0]
+    while True:
+        if _sole_consumer(g, t) is None:
+            return None
+        p = _producer(g, t)
+        if p is None:
+            return None
+        if p.node is not None and p.node.target is aten.bmm.default:
+            bmm1 = p
+            break
+        if len(p.inputs) != 1 or not (is_pure_movement(g, p) or p.category == "pointwise"):
+            return None
+        if p.category == "pointwise" and not (_is_cast(p) or p.node.target in _SCALE_OPS
+                                              or p.node.target is aten.tanh.default):
+            return None
+        pre.append(p)
+        t = p.inputs[0]
+    # forward to the second bmm
+    t = softmax.outputs[0]
+    post: list["OpNode"] = []
+    while True:
+        c = _sole_consumer(g, t)
+        if c is None:
+            return None
+        if c.node is not None and c.node.target is aten.bmm.default:
+            if c.inputs[0] != t or len(c.inputs) != 2:
+                return None
+            bmm2 = c
+            break
+        if len(c.inputs) != 1 or not (is_pure_movement(g, c) or _is_cast(c)):
+            return None
+        post.append(c)
+        t = c.outputs[0]
+    if len(bmm1.inputs) != 2 or bmm1.inputs[0] == bmm1.inputs[1]:
+        return None
+    # scale and soft-cap, read off the pointwise ops before the softmax (applied in order)
+    scale, softcap, stage = 1.0, None, []
+    for p in reversed(pre):
+        if p.category != "pointwise" or _is_cast(p):
+            continue
+        args = _scalar_args(p)
+        tgt = p.node.target
+        if tgt is aten.tanh.default:
+            stage.append(("tanh", None))
+            continue
+        if len(args) != 1 or not isinstance(args[0], (int, float)):
+            return None
+        stage.append(("div" if tgt in (aten.div.Tensor, aten.div.Scalar) else "mul", float(args[0])))
+    # accepted forms: [scale] or [scale] div(c) tanh mul(c) (Gemma 2's soft-capping)
+    if len(stage) >= 3 and [s[0] for s in stage[-3:]] == ["div", "tanh", "mul"] and stage[-3][1] == stage[-1][1]:
+        softcap = stage[-1][1]
+        stage = stage[:-3]
+    for kind, v in stage:
+        if kind == "tanh":
+            return None
+        scale = scale / v if kind == "div" else scale * v
+    # batch and heads: the scores' view right after the first bmm, when there is one
+    q, kt, v, out = bmm1.inputs[0], bmm1.inputs[1], bmm2.inputs[1], bmm2.outputs[0]
+    bh = g.tensors[q].shape[0]
+    B, H = bh, 1
+    for p in reversed(pre):
+        s = g.tensors[p.outputs[0]].shape
+        if len(s) == 4 and s[0] * s[1] == bh:
+            B, H = s[0], s[1]
+            break
+    members = [bmm1] + list(reversed(pre)) + [softmax] + post + [bmm2]
+    ops = [o.name for o in members]
+    info = {"q": q, "kt": kt, "v": v, "out": out, "scale": scale, "softcap": softcap, "batch": B, "heads": H}
+    return Group(bmm2.name, ATTENTION, ops, info)
+
+
+def match_rmsnorm(g: "TensorGraph", mean: "OpNode") -> Group | None:
+    """``[cast] pow(x, 2) -> mean(-1, keepdim) -> add(eps) -> rsqrt -> mul(x, .) -> [cast] -> mul(., w)``."""
+    if mean.node is None or mean.node.target is not aten.mean.dim:
+        return None
+    args = mean.node.args
+    dims = args[1] if len(args) > 1 else None
+    keep = args[2] if len(args) > 2 else mean.node.kwargs.get("keepdim", False)
+    shape = g.tensors[mean.inputs[0]].shape
+    if not keep or list(dims or []) not in ([-1], [len(shape) - 1]):
+        return None
+    pw = _producer(g, mean.inputs[0])
+    if pw is None or pw.node is None or pw.node.target is not aten.pow.Tensor_Scalar or _scalar_args(pw) != [2]:
+        return None
+    if _sole_consumer(g, pw.outputs[0]) is not mean:
+        return None
+    x = pw.inputs[0]
+    chain = [pw, mean]
+    t = mean.outputs[0]
+    add = _sole_consumer(g, t)
+    if add is None or add.node is None or add.node.target is not aten.add.Tensor or len(add.inputs) != 1:
+        return None
+    eps = [a for a in _scalar_args(add) if isinstance(a, (int, float))]
+    if len(eps) != 1:
+        return None
+    rs = _sole_consumer(g, add.outputs[0])
+    if rs is None or rs.node is None or rs.node.target is not aten.rsqrt.default:
+        return None
+    mul = _sole_consumer(g, rs.outputs[0])
+    if mul is None or mul.node is None or mul.node.target is not aten.mul.Tensor or sorted(mul.inputs) != \
+            sorted([x, rs.outputs[0]]):
+        return None
+    chain += [add, rs, mul]
+    t = mul.outputs[0]
+    cast = _sole_consumer(g, t)
+    if cast is not None and (_is_cast(cast) or _is_identity_move(cast)):
+        chain.append(cast)
+        t = cast.outputs[0]
+    wmul = _sole_consumer(g, t)
+    weight = None
+    if wmul is not None and wmul.node is not None and wmul.node.target is aten.mul.Tensor and len(wmul.inputs) == 2:
+        w = [i for i in wmul.inputs if i != t]
+        if len(w) == 1 and g.tensors[w[0]].shape == (shape[-1],):
+            weight = w[0]
+            chain.append(wmul)
+            t = wmul.outputs[0]
+    # x itself may be a cast of the real input, read by nothing else
+    src = x
+    p = _producer(g, x)
+    if p is not None and (_is_cast(p) or _is_identity_move(p)) and \
+            set(g.tensors[x].consumers) == {pw.name, mul.name}:
+        chain.insert(0, p)
+        src = p.inputs[0]
+    elif set(g.tensors[x].consumers) != {pw.name, mul.name}:
+        return None
+    info = {"x": src, "weight": weight, "eps": float(eps[0]), "out": t}
+    return Group(chain[-1].name, RMSNORM, [o.name for o in chain], info)
+
+
+# ---------------------------------------------------------------------------
+# elementwise regions
+# ---------------------------------------------------------------------------
+
+class _UF:
+    def __init__(self, items: Iterable[str]):
+        self.p = {x: x for x in items}
+
+    def find(self, x: str) -> str:
+        while self.p[x] != x:
+            self.p[x] = self.p[self.p[x]]
+            x = self.p[x]
+        return x
+
+    def union(self, a: str, b: str) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.p[rb] = ra
+
+
+def _regions(g: "TensorGraph", free: set[str]) -> list[list[str]]:
+    """Connected pointwise ops of ``free`` and the pure movement ops strictly between them."""
+    pw = {o for o in free if g.ops[o].kind == "compute" and g.ops[o].category == "pointwise"
+          and g.ops[o].node is not None}
+    mv = {o for o in free if is_pure_movement(g, g.ops[o])
+          and not any(g.tensors[t].is_output or t in g.mutations for t in g.ops[o].outputs)}
+    while True:
+        members = pw | mv
+        uf = _UF(members)
+        for o in members:
+            for t in g.ops[o].inputs:
+                p = g.tensors[t].producer
+                if p in members:
+                    uf.union(o, p)
+        drop = set()
+        for m in mv:
+            op = g.ops[m]
+            root = uf.find(m)
+            for t in op.inputs:
+                p = g.tensors[t].producer
+                if p not in members or uf.find(p) != root:
+                    drop.add(m)
+            for t in op.outputs:
+                if any(c not in members or uf.find(c) != root for c in g.tensors[t].consumers):
+                    drop.add(m)
+        if not drop:
+            break
+        mv -= drop
+    comps: dict[str, list[str]] = {}
+    for o in g.ops:          # export order inside each region
+        if o in pw or o in mv:
+            comps.setdefault(uf.find(o), []).append(o)
+    return [c for c in comps.values() if any(o in pw for o in c)]
+
+
+def region_outputs(g: "TensorGraph", ops: Iterable[str]) -> list[str]:
+    s = set(ops)
+    out = []
+    for o in ops:
+        for t in g.ops[o].outputs:
+            info = g.tensors[t]
+            if info.is_output or t in g.mutations or any(c not in s for c in info.consumers):
+                out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the pass
+# ---------------------------------------------------------------------------
+
+def fuse(g: "TensorGraph") -> dict[str, Group]:
+    """Group ``g``'s ops into kernels; sets ``op.kernel`` and returns the groups by name."""
+    groups: dict[str, Group] = {}
+    claimed: set[str] = set()
+
+    def claim(gr: Group) -> None:
+        groups[gr.name] = gr
+        claimed.update(gr.ops)
+
+    for op in list(g.ops.values()):
+        if op.name in claimed or op.kind != "compute":
+            continue
+        gr = match_attention(g, op) or match_rmsnorm(g, op)
+        if gr is not None and not (set(gr.ops) & claimed):
+            claim(gr)
+
+    free = {o for o in g.ops if o not in claimed}
+    for ops in _regions(g, free):
+        outs = region_outputs(g, ops)
+        if len({g.tensors[t].numel for t in outs}) > 1:
+            # outputs of different sizes have no common iteration space: one kernel per pointwise op
+            for o in ops:
+                if g.ops[o].kind == "compute":
+                    claim(single(g.ops[o]))
+            continue
+        claim(Group(ops[-1], ELEMENTWISE, ops))
+
+    for op in g.ops.values():
+        if op.name not in claimed and op.kind == "compute":
+            claim(single(op))
+
+    _merge_epilogues(g, groups)
+    _break_cycles(g, groups)
+    return groups
+
+
+def single(op: "OpNode") -> Group:
+    """A kernel of one compute op (its kind is its category; pointwise ops are elementwise kernels)."""
+    return Group(op.name, ELEMENTWISE if op.category == "pointwise" else op.category, [op.name])
+
+
+def _merge_epilogues(g: "TensorGraph", groups: dict[str, Group]) -> None:
+    """A matmul / conv takes the elementwise group that reads only its result, at the same index."""
+    owner = {o: gr.name for gr in groups.values() for o in gr.ops}
+    for gr in list(groups.values()):
+        if gr.kind not in (MATMUL, CONV) or len(gr.ops) != 1:
+            continue
+        op = g.ops[gr.ops[0]]
+        if len(op.outputs) != 1:
+            continue
+        t = op.outputs[0]
+        info = g.tensors[t]
+        if info.is_output or t in g.mutations or not info.consumers:
+            continue
+        homes = {owner.get(c) for c in info.consumers}
+        if len(homes) != 1:
+            continue
+        ep = groups.get(homes.pop())
+        if ep is None or ep.kind != ELEMENTWISE:
+            continue
+        # read at the identity index: by pointwise ops, and the region's iteration space is t's shape
+        if any(g.ops[c].kind != "compute" for c in info.consumers):
+            continue
+        outs = region_outputs(g, ep.ops)
+        if not outs or any(g.tensors[o].shape != info.shape for o in outs):
+            continue
+        merged = Group(ep.name, gr.kind, gr.ops + ep.ops, {"epilogue": True})
+        del groups[gr.name]
+        del groups[ep.name]
+        groups[merged.name] = merged
+        for o in merged.ops:
+            owner[o] = merged.name
+
+
+def _quotient(g: "TensorGraph", groups: dict[str, Group]) -> tuple[nx.DiGraph, dict[str, str]]:
+    """Steps (groups and unabsorbed movement ops) and their data dependences."""
+    owner = {o: name for name, gr in groups.items() for o in gr.ops}
+    for o in g.ops:
+        owner.setdefault(o, o)
+    q = nx.DiGraph()
+    q.add_nodes_from(dict.fromkeys(owner[o] for o in g.ops))
+    for o, op in g.ops.items():
+        for t in op.inputs:
+            p = g.tensors[t].producer
+            if p is not None and owner[p] != owner[o]:
+                q.add_edge(owner[p], owner[o])
+    return q, owner
+
+
+def _break_cycles(g: "TensorGraph", groups: dict[str, Group]) -> None:
+    """Split any elementwise group that would make the kernel graph cyclic (it reads its own result
+    through another kernel) back into one kernel per pointwise op."""
+    while True:
+        q, owner = _quotient(g, groups)
+        try:
+            cyc = nx.find_cycle(q)
+        except nx.NetworkXNoCycle:
+            return
+        bad = next((n for n, _ in cyc if n in groups and len(groups[n].ops) > 1), None)
+        if bad is None:  # pragma: no cover - single-op steps cannot form a cycle in an exported graph
+            raise RuntimeError(f"cyclic kernel graph: {cyc}")
+        for o in groups.pop(bad).ops:
+            if g.ops[o].kind == "compute":
+                groups[o] = single(g.ops[o])
+
+
+def schedule(g: "TensorGraph", groups: dict[str, Group]) -> list[str]:
+    """Steps in an order that respects every dependence, as close to export order as possible."""
+    q, owner = _quotient(g, groups)
+    first = {}
+    for k, o in enumerate(g.ops):
+        first.setdefault(owner[o], k)
+    return list(nx.lexicographical_topological_sort(q, key=lambda n: first[n]))

@@ -1,0 +1,269 @@
+"""Realization: a graph and a valid strategy -> an executable that runs it with virtual tensors.
+
+Every physical tensor gets a storage (parameters and buffers are the module's
+own tensors, so a KV cache is updated in place; user inputs get static buffers
+the call copies into; intermediates are allocated once, lazily, so a tensor
+that lives only inside a fused kernel never gets memory).  Every virtual
+tensor is an :class:`~vtcsearch.kernels.Operand` over those storages.  Then the
+graph's steps (:mod:`vtcsearch.fusion`) become launches:
+
+* a kernel group -> its lowering (:mod:`vtcsearch.lowering`): Triton templates
+  whose loads and stores go through the operands' maps, or its ATen ops when no
+  template fits;
+* a movement op -> the copy kernels of its residual copies (none when the
+  strategy eliminated it).  A movement op of constants only (a weight's
+  transpose) is folded: copied once here, as a compiler folds constants.
+
+Building launches every kernel once (that is when Triton compiles and
+autotunes); the module's mutable buffers are restored afterwards, so building
+has no visible effect.  :meth:`Executable.cuda_graph` captures the whole step
+list in one CUDA graph, as torch.compile's ``reduce-overhead`` mode does.
+Outputs are the executable's own storages, overwritten by the next call (clone
+to keep them), again as with CUDA graphs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from .graph import TensorGraph
+from .kernels import Operand, copy_pieces
+from .kernels.vio import interpreting
+from .lowering import Context, Launch, lower
+from .strategy import Strategy
+
+__all__ = ["Executable", "Step", "realize", "state_from_module"]
+
+
+@dataclass
+class Step:
+    name: str
+    kind: str          # "kernel" | "copy"
+    launch: Launch
+
+    @property
+    def lowering(self) -> str:
+        return self.launch.kind
+
+    @property
+    def kernels(self) -> int:
+        return self.launch.kernels
+
+
+def state_from_module(graph: TensorGraph, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Graph input name -> the module's parameter, buffer or constant (by the export's fully qualified names)."""
+    ep = graph.exported
+    if ep is None:
+        raise ValueError("the graph was not captured with torch.export: pass state explicitly")
+    named = dict(module.named_parameters(remove_duplicate=False)) | dict(module.named_buffers(remove_duplicate=False))
+    state: dict[str, torch.Tensor] = {}
+    for spec in ep.graph_signature.input_specs:
+        if spec.target is None or spec.arg.name not in graph.tensors:
+            continue
+        if spec.target in named:
+            state[spec.arg.name] = named[spec.target]
+        else:
+            obj = module
+            try:
+                for part in spec.target.split("."):
+                    obj = getattr(obj, part)
+            except AttributeError:
+                obj = ep.constants.get(spec.target) if hasattr(ep, "constants") else None
+            if not isinstance(obj, torch.Tensor):
+                raise KeyError(f"the module has no tensor {spec.target!r} for graph input {spec.arg.name}")
+            state[spec.arg.name] = obj
+    return state
+
+
+def constant_tensors(graph: TensorGraph) -> set[str]:
+    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and
+    movement ops of those (a weight's transpose)."""
+    const = {t for t, i in graph.tensors.items() if i.read_only and i.kind != "input"}
+    for op in graph.ops.values():
+        if op.kind == "movement" and op.kernel is None and op.inputs and all(t in const for t in op.inputs):
+            const.update(op.outputs)
+    return const
+
+
+class Executable:
+    """The graph as kernels over physical storages, per a strategy."""
+
+    def __init__(self, graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor], *,
+                 device: torch.device | str | None = None, validate: bool = True, poison: bool = True):
+        if validate:
+            strategy.validate()
+        self.graph, self.strategy = graph, strategy
+        if device is None:
+            first = next(iter(state.values()), None)
+            device = first.device if first is not None else \
+                ("cuda" if torch.cuda.is_available() and not interpreting() else "cpu")
+        dev = torch.device(device)
+        if dev.type != "cuda" and not interpreting():
+            raise RuntimeError("realizing runs Triton kernels: it needs a CUDA device, or TRITON_INTERPRET=1 "
+                               "(Triton's CPU interpreter) for CPU tensors")
+        self.device, self.poison = dev, poison
+        self.storages: dict[str, torch.Tensor] = {}
+        for t in graph.inputs:
+            info = graph.tensors[t]
+            self.storages[t] = torch.empty_strided(info.shape, info.strides, dtype=info.dtype, device=dev)
+        for t, info in graph.tensors.items():
+            if info.is_graph_input and info.kind != "input":
+                if t not in state:
+                    raise KeyError(f"no tensor for graph input {t} ({info.kind})")
+                v = state[t]
+                if tuple(v.shape) != info.shape or v.dtype != info.dtype:
+                    raise ValueError(f"{t}: expected {info.shape} {info.dtype}, got {tuple(v.shape)} {v.dtype}")
+                self.storages[t] = v if v.device == dev else v.to(dev)
+        self.allocated_bytes = 0
+        self._operands: dict[str, Operand] = {}
+        self.steps: list[Step] = []
+        self.folded: list[str] = []
+        mutable = {t: self.storages[t].clone() for t, i in graph.tensors.items() if i.mutable}
+        with torch.no_grad():
+            self._build()
+        for t, v in mutable.items():
+            self.storages[t].copy_(v)
+
+    # -- storages and operands ------------------------------------------------
+    def storage(self, name: str) -> torch.Tensor:
+        """The tensor of a physical storage, allocated on first use."""
+        s = self.storages.get(name)
+        if s is None:
+            info = self.graph.tensors[name]
+            s = self._scratch(info.shape, info.dtype)
+            self.storages[name] = s
+        return s
+
+    def _scratch(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        if self.poison and dtype.is_floating_point:
+            s = torch.full(tuple(shape), float("nan"), dtype=dtype, device=self.device)
+        else:
+            s = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        self.allocated_bytes += s.numel() * s.element_size()
+        return s
+
+    def operand(self, t: str) -> Operand:
+        """Tensor ``t`` as kernels see it: its resolved map over the storages."""
+        op = self._operands.get(t)
+        if op is None:
+            m = self.strategy.resolve(t)
+            tables = {}
+            for tb in m.tables():
+                tm = self.strategy.resolve(tb)
+                if not tm.is_identity_layout() or len(tm.targets()) != 1:
+                    raise NotImplementedError(f"index tensor {tb} of {t} must be physical")
+                tables[tb] = self.storage(next(iter(tm.targets())))
+            op = Operand(m, {s: self.storage(s) for s in m.targets()}, tables=tables, dtype=self.graph.tensors[t].dtype)
+            self._operands[t] = op
+        return op
+
+    # -- building -----------------------------------------------------------
+    def _build(self) -> None:
+        g, s = self.graph, self.strategy
+        ctx = Context(g, self.operand, self._scratch, self.device)
+        const = constant_tensors(g)
+        for name in g.steps:
+            if name in g.groups:
+                self.steps.append(Step(name, "kernel", lower(ctx, g.groups[name])))
+                continue
+            op = g.ops[name]
+            copies = s.residuals_of(name)
+            if not copies:
+                continue
+            launch = Launch(name, "copy")
+            for r in copies:
+                tensors = {p.target: self.storage(p.target) for pair in r.pairs for p in pair if p.target}
+                plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
+                if plan is not None:
+                    launch.plans.append((plan, list(plan.last_args)))
+            if all(t in const for t in op.inputs):
+                self.folded.append(name)       # done once, just now
+            elif launch.plans:
+                self.steps.append(Step(name, "copy", launch))
+
+    def _tables(self, r) -> dict[str, torch.Tensor]:
+        out = {}
+        for pair in r.pairs:
+            for p in pair:
+                for e in list(p.index) + [c for c, _, _ in p.conds]:
+                    for lk in e.lookups():
+                        out[lk.table] = self.operand(lk.table).tensors[next(iter(self.operand(lk.table).tensors))]
+        return out
+
+    # -- running --------------------------------------------------------------
+    def run(self) -> None:
+        """Every step once, on the current contents of the input buffers."""
+        for st in self.steps:
+            st.launch()
+
+    def set_inputs(self, *inputs: Any) -> None:
+        tensors = [a for a in inputs if isinstance(a, torch.Tensor)]
+        if len(tensors) != len(self.graph.inputs):
+            raise ValueError(f"expected {len(self.graph.inputs)} tensor inputs, got {len(tensors)}")
+        for name, x in zip(self.graph.inputs, tensors):
+            dst = self.storages[name]
+            if tuple(x.shape) != tuple(dst.shape):
+                raise ValueError(f"input {name}: expected shape {tuple(dst.shape)}, got {tuple(x.shape)}")
+            if x.data_ptr() != dst.data_ptr():
+                dst.copy_(x)
+
+    def outputs(self) -> list[torch.Tensor]:
+        return [self.storages[t] for t in self.graph.outputs]
+
+    def __call__(self, *inputs: Any) -> list[torch.Tensor]:
+        with torch.no_grad():
+            self.set_inputs(*inputs)
+            self.run()
+        return self.outputs()
+
+    def cuda_graph(self) -> Callable[..., list[torch.Tensor]]:
+        """The whole step list captured in one CUDA graph; calling it copies inputs in and replays."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        mutable = {t: self.storages[t].clone() for t, i in self.graph.tensors.items() if i.mutable}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.no_grad(), torch.cuda.stream(stream):
+            self.run()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            self.run()
+        for t, v in mutable.items():
+            self.storages[t].copy_(v)
+
+        def call(*inputs: Any) -> list[torch.Tensor]:
+            self.set_inputs(*inputs)
+            graph.replay()
+            return self.outputs()
+
+        call.graph = graph  # type: ignore[attr-defined]
+        call.replay = graph.replay  # type: ignore[attr-defined]
+        return call
+
+    # -- reporting ------------------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Kernels per call by kind, fallbacks, folded ops, bytes this executable allocated."""
+        kinds: dict[str, int] = {}
+        for st in self.steps:
+            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering == "aten" else 0)
+        return {"steps": len(self.steps), "kernels": sum(st.kernels for st in self.steps),
+                "copy_kernels": sum(st.kernels for st in self.steps if st.kind == "copy"),
+                "by_lowering": kinds,
+                "fallbacks": {st.name: st.launch.note for st in self.steps if st.lowering == "aten"},
+                "folded": list(self.folded), "allocated_bytes": self.allocated_bytes}
+
+    def table(self) -> list[dict[str, Any]]:
+        return [{"step": st.name, "kind": st.kind, "lowering": st.lowering, "kernels": st.kernels,
+                 "note": st.launch.note} for st in self.steps]
+
+
+def realize(graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor] | torch.nn.Module, *,
+            device: torch.device | str | None = None, validate: bool = True) -> Executable:
+    """Build the executable of ``graph`` under ``strategy``; ``state`` is the module (or its graph-named tensors)."""
+    if isinstance(state, torch.nn.Module):
+        state = state_from_module(graph, state)
+    return Executable(graph, strategy, state, device=device, validate=validate)

@@ -1,0 +1,296 @@
+"""What a run leaves behind: CSV tables, plots (matplotlib, Agg), the Markdown report, the console table.
+
+Kept apart from :mod:`vtcsearch.run` so a notebook can redraw the plots or the
+report from a ``summary.json`` alone: :func:`write_plots` and :func:`markdown`
+take the summary dictionary, nothing else.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable
+
+MIB = 2 ** 20
+
+
+def _fmt(x: Any, spec: str = ".1f", none: str = "-") -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return none
+    return format(x, spec)
+
+
+def latency_word(summary: dict[str, Any]) -> str:
+    return "measured" if summary["measured"] else "modelled"
+
+
+def memory_of(row: dict[str, Any], measured: bool) -> float | None:
+    """Peak memory shown in plots and tables: measured on a GPU, else the model's activation peak."""
+    v = row.get("measured_peak_bytes") if measured else row.get("predicted_activation_peak_bytes")
+    return None if v is None else v / MIB
+
+
+# ---------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------
+def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, Any]],
+              log: Callable[[str], None] = print) -> None:
+    """summary.csv, kernels.csv, numerics.csv, the three plots and report.md; records them in summary['files']."""
+    import pandas as pd
+    from .run import NUMERICS_FIELDS, ROW_FIELDS
+
+    files = summary["files"]
+    from .run import INT_FIELDS
+    df = pd.DataFrame(summary["rows"], columns=list(ROW_FIELDS))
+    for c in INT_FIELDS:
+        df[c] = df[c].astype("Int64")      # integers stay integers beside missing values
+    df.to_csv(out / "summary.csv", index=False)
+    files["summary_csv"] = "summary.csv"
+    kcols = ["case", "batch", "variant", "solver", "source", "unit", "kind", "us", "seconds", "bytes", "flops"]
+    kdf = pd.DataFrame(kernel_rows)
+    kdf = kdf[[c for c in kcols if c in kdf.columns] + [c for c in kdf.columns if c not in kcols]] if len(kdf) \
+        else pd.DataFrame(columns=kcols)
+    kdf.to_csv(out / "kernels.csv", index=False)
+    files["kernels_csv"] = "kernels.csv"
+    pd.DataFrame(summary["numerics"], columns=list(NUMERICS_FIELDS)).to_csv(out / "numerics.csv", index=False)
+    files["numerics_csv"] = "numerics.csv"
+    files.update(write_plots(out, summary))
+    files["vtog"] = sorted(str(p.relative_to(out)) for p in (out / "vtog").glob("*")) if (out / "vtog").exists() else []
+    files["strategies"] = sorted(str(p.relative_to(out)) for p in (out / "strategies").glob("*.json")) \
+        if (out / "strategies").exists() else []
+    files["summary_json"] = "summary.json"
+    files["report"] = "report.md"
+    files["log"] = "log.txt"
+    (out / "report.md").write_text(markdown(summary))
+    log(f"wrote {out}/: report.md, summary.csv/json, kernels.csv, numerics.csv, plots, {len(files['vtog'])} VTOG files")
+
+
+def _groups(summary: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(case bsN, its rows) in run order."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in summary["rows"]:
+        out.setdefault(f"{r['case']} bs{r['batch']}", []).append(r)
+    return list(out.items())
+
+
+def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
+    """latency.png, memory.png, breakdown.png: grouped bars per (case, batch)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    groups = _groups(summary)
+    measured = summary["measured"]
+    word = latency_word(summary)
+    hw = summary.get("oracle", {}).get("hardware")
+    suffix = f" ({word}{', ' + hw + ' model' if not measured and hw else ''})"
+    variants = list(dict.fromkeys(r["variant"] for _, rows in groups for r in rows))
+    files: dict[str, str] = {}
+
+    def bars(values: Callable[[dict[str, Any]], float | None], ylabel: str, title: str, name: str,
+             log_scale: bool) -> None:
+        shown = [v for v in variants if any(values(r) for _, rows in groups for r in rows if r["variant"] == v)]
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(groups) * (0.6 + 0.35 * len(shown))), 4.2))
+        width = 0.8 / max(len(shown), 1)
+        x = np.arange(len(groups))
+        for k, v in enumerate(shown):
+            ys = []
+            for _, rows in groups:
+                r = next((r for r in rows if r["variant"] == v), None)
+                y = values(r) if r else None
+                ys.append(y if y else np.nan)
+            ax.bar(x + (k - (len(shown) - 1) / 2) * width, ys, width, label=v)
+        ax.set_xticks(x, [g for g, _ in groups], rotation=15 if len(groups) > 3 else 0)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title + suffix)
+        if log_scale and shown:
+            ax.set_yscale("log")
+        if not shown:
+            ax.text(0.5, 0.5, "nothing to show", transform=ax.transAxes, ha="center")
+        else:
+            ax.legend(fontsize=7, ncol=2)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        files[name.split(".")[0] + "_png"] = name
+
+    bars(lambda r: r.get("latency_us"), "latency (us)", "Latency per variant", "latency.png", True)
+    bars(lambda r: memory_of(r, measured), "peak memory (MiB)" + ("" if measured else ", activations"),
+         "Peak memory per variant", "memory.png", False)
+
+    # breakdown: movement vs compute time, stacked, per solver/variant with numbers
+    rows = [(g, r) for g, rs in groups for r in rs if r.get("movement_us") is not None]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 + 0.45 * len(rows)), 4.4))
+    if rows:
+        labels = [f"{g}\n{r['variant']}" for g, r in rows]
+        mv = [r["movement_us"] or 0.0 for _, r in rows]
+        cp = [r["compute_us"] or 0.0 for _, r in rows]
+        x = np.arange(len(rows))
+        ax.bar(x, cp, label="compute kernels", color="tab:blue")
+        ax.bar(x, mv, bottom=cp, label="data movement kernels", color="tab:red")
+        ax.set_xticks(x, labels, rotation=90, fontsize=6)
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "no kernel times", transform=ax.transAxes, ha="center")
+    ax.set_ylabel("kernel time (us)")
+    ax.set_title("Where the time goes" + suffix)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "breakdown.png", dpi=110)
+    plt.close(fig)
+    files["breakdown_png"] = "breakdown.png"
+    return files
+
+
+# ---------------------------------------------------------------------------
+# report.md
+# ---------------------------------------------------------------------------
+def markdown(summary: dict[str, Any]) -> str:
+    m, measured = summary["machine"], summary["measured"]
+    word = latency_word(summary)
+    o = summary.get("oracle", {})
+    lines = [f"# {summary['name']}: {summary['description'] or summary['config']['workload']['name']}", ""]
+    if not measured:
+        lines += [f"> **Latencies in this report are modelled, not measured.** No GPU was used: every latency, "
+                  f"kernel time and memory figure is the `{o.get('oracle')}` cost model's prediction for "
+                  f"the {o.get('hardware', '?')} profile; the baselines could not run. Numerics were checked for "
+                  f"real, on a scaled-down copy through Triton's CPU interpreter.", ""]
+    else:
+        lines += [f"Latencies are **measured** on {m['gpu']} (median of CUDA-event timings; vtcsearch variants "
+                  f"replay one CUDA graph), side by side with the baselines in one process.", ""]
+    lines += [f"- Command: `{summary['command']}`",
+              f"- Machine: {m['gpu'] or 'CPU only'} ({m['cpu']}; {m['platform']}); python {m['python']}, "
+              f"torch {m['torch']}, triton {m['triton']}",
+              f"- Date: {summary['date']}; wall time {_fmt(summary['wall_s'], '.0f')} s",
+              f"- Oracle: {o.get('oracle')}" + (f" ({o.get('hardware')})" if o.get("hardware") else "")
+              + f"; objective: {summary['objective']}; dtype {summary['config']['dtype']}", ""]
+    for note in summary.get("notes", []):
+        if note.startswith("No GPU was used"):   # said in the banner above
+            continue
+        lines.append(f"- Note: {note}")
+    lines.append("")
+
+    lines += ["## Cases", "", "| case | batch | workload | kernels | movement ops | VTOG nodes / edges / candidates "
+              "| capture s |", "|---|---|---|---|---|---|---|"]
+    for c in summary["cases"]:
+        if c.get("error"):
+            lines.append(f"| {c['case']} | {c['batch']} | {c['workload']} | **case failed**: {c['error']} | | | |")
+            continue
+        lines.append(f"| {c['case']} | {c['batch']} | {c['workload']} | {c['graph']['kernels']} | "
+                     f"{c['graph']['movement_ops']} | {c['vtog']['nodes']} / {c['vtog']['edges']} / "
+                     f"{c['vtog']['candidates']} | {c['capture_s']:.1f} |")
+    lines.append("")
+
+    lines += [f"## Results (latency {word})", "",
+              f"| case | batch | variant | status | latency us ({word}) | speedup vs vtc_none | "
+              + ("speedup vs best baseline | " if measured else "")
+              + f"peak MiB{'' if measured else ' (activations, modelled)'} | kernels | movement kernels "
+              "| movement us | eliminated ops | numerics |",
+              "|---|---|---|---|---|---|" + ("---|" if measured else "") + "---|---|---|---|---|---|"]
+    for r in summary["rows"]:
+        num = "-" if r["numerics_ok"] is None else ("ok" if r["numerics_ok"] else "**FAILED**")
+        if r["numerics_rel_err"] is not None:
+            num += f" ({r['numerics_rel_err']:.1e}, {r['numerics_size']})"
+        status = r["status"] if r["status"] == "ok" else f"{r['status']} (below)"
+        lines.append(f"| {r['case']} | {r['batch']} | {r['variant']} | {status} | {_fmt(r['latency_us'])} | "
+                     f"{_fmt(r['speedup_vs_none'], '.2f')} | "
+                     + (f"{_fmt(r['speedup_vs_best_baseline'], '.2f')} | " if measured else "")
+                     + f"{_fmt(memory_of(r, measured), '.4g')} | {_fmt(r['kernels'], 'd')} | "
+                     f"{_fmt(r['movement_kernels'], 'd')} | {_fmt(r['movement_us'])} | "
+                     f"{_fmt(r['eliminated_ops'], 'd')} | {num} |")
+    lines.append("")
+
+    solved = [r for r in summary["rows"] if r["kind"] == "vtcsearch" and r["status"] == "ok"]
+    if solved:
+        lines += ["## Search", "", "| case | batch | solver | predicted us | objective | virtual tensors | "
+                  "residual copies | status | wall s | oracle calls | unit queries | measurements |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in solved:
+            lines.append(f"| {r['case']} | {r['batch']} | {r['solver']} | {_fmt(r['predicted_latency_us'])} | "
+                         f"{_fmt(r['objective'], '.4g')} | {r['virtual_tensors']} | {r['residual_copies']} | "
+                         f"{r['solver_status']} | {_fmt(r['solve_wall_s'], '.2f')} | {r['oracle_calls']} | "
+                         f"{r['unit_queries']} | {r['measurements']} |")
+        lines.append("")
+
+    if summary["numerics"]:
+        lines += ["## Numerics against eager PyTorch", "",
+                  "Outputs and mutated buffers (KV caches) of each realized strategy, against the eager model "
+                  f"(allclose rtol {summary['config']['numerics']['rtol']}, atol "
+                  f"{summary['config']['numerics']['atol']}).", "",
+                  "| case | solver | size / batch / dtype | ok | rel err | max abs err | buffers max abs err | "
+                  "bits equal to vtc_none | kernels (copies) | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for n in summary["numerics"]:
+            ok = "-" if n["ok"] is None else ("yes" if n["ok"] else "**NO**")
+            note = n["error"] or (f"same strategy as {n['same_strategy_as']}" if n["same_strategy_as"] else "")
+            lines.append(f"| {n['case']} | {n['solver']} | {n['size']} / {n['batch']} / {n['dtype']} | {ok} | "
+                         f"{_fmt(n['rel_err'], '.1e')} | {_fmt(n['max_abs_err'], '.1e')} | "
+                         f"{_fmt(n['buffers_max_abs_err'], '.1e')} | {_fmt(n['bitwise_equal_none'], '')} | "
+                         f"{_fmt(n['kernels'], 'd')} ({_fmt(n['copy_kernels'], 'd')}) | {note} |")
+        lines.append("")
+
+    skipped = [r for r in summary["rows"] if r["status"] != "ok"]
+    if skipped:
+        lines += ["## Skipped or failed", ""]
+        by_reason: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+        for r in skipped:
+            names, cases = by_reason.setdefault((r["status"], r["reason"] or ""), ([], []))
+            c = f"{r['case']} bs{r['batch']}"
+            if r["variant"] not in names:
+                names.append(r["variant"])
+            if c not in cases:
+                cases.append(c)
+        for (status, reason), (names, cases) in by_reason.items():
+            lines.append(f"- {', '.join(f'`{n}`' for n in names)} {status} ({', '.join(cases)}): {reason}")
+        lines.append("")
+
+    f = summary["files"]
+    lines += ["## Plots", "", f"![latency]({f.get('latency_png', 'latency.png')})", "",
+              f"![memory]({f.get('memory_png', 'memory.png')})", "",
+              f"![breakdown]({f.get('breakdown_png', 'breakdown.png')})", ""]
+    pics = [p for p in f.get("vtog", []) if p.endswith(".png")]
+    if pics:
+        lines += ["## Points-to graphs", ""] + [f"![{Path(p).stem}]({p})" for p in pics] + [""]
+    lines += ["## Files", "", "- `summary.json`, `summary.csv`: one row per case, batch and variant "
+              "(schema: README, *summary.json*)", "- `kernels.csv`: per-kernel cost of each solver's strategy "
+              f"(`{o.get('oracle')}` oracle rows)", "- `numerics.csv`: the numerics table above",
+              "- `vtog/`: VTOG JSON per case and points-to pictures; `strategies/`: chosen edges per solver", ""]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# console
+# ---------------------------------------------------------------------------
+def print_table(summary: dict[str, Any]) -> None:
+    """The results as a rich table on stdout; variants that did not run are listed under it, once per reason."""
+    from rich.console import Console
+    from rich.table import Table
+
+    measured = summary["measured"]
+    word = latency_word(summary)
+    t = Table(title=f"{summary['name']}: latency {word}" + ("" if measured else " (not measured: no GPU)"))
+    for col in ("case", "batch", "variant", f"latency us ({word})", "x vs none",
+                "x vs best baseline" if measured else None, "peak MiB", "kernels (movement)", "numerics"):
+        if col:
+            t.add_column(col, justify="left" if col in ("case", "variant", "numerics") else "right")
+    missing: dict[tuple[str, str], list[str]] = {}
+    for r in summary["rows"]:
+        if r["status"] != "ok":
+            missing.setdefault((r["status"], r["reason"] or ""), [])
+            if r["variant"] not in missing[(r["status"], r["reason"] or "")]:
+                missing[(r["status"], r["reason"] or "")].append(r["variant"])
+            continue
+        num = "" if r["numerics_ok"] is None else ("ok" if r["numerics_ok"] else "FAILED")
+        cells = [r["case"], str(r["batch"]), r["variant"], _fmt(r["latency_us"]), _fmt(r["speedup_vs_none"], ".2f")]
+        if measured:
+            cells.append(_fmt(r["speedup_vs_best_baseline"], ".2f"))
+        cells += [_fmt(memory_of(r, measured), ".4g"),
+                  f"{_fmt(r['kernels'], 'd')} ({_fmt(r['movement_kernels'], 'd')})" if r["kernels"] is not None
+                  else "-", num]
+        t.add_row(*cells)
+    con = Console()
+    if not con.is_terminal:            # a pipe or a log file: do not squeeze the table into 80 columns
+        con = Console(width=140)
+    con.print(t)
+    for (status, reason), names in missing.items():
+        con.print(f"{status}: {', '.join(names)}: {reason}", markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,736 @@
+"""End-to-end experiment runner: ``python -m vtcsearch.run CONFIG`` (also the ``vtcsearch`` command).
+
+    python -m vtcsearch.run configs/llama.yaml                      # GPU if there is one, else CPU
+    python -m vtcsearch.run configs/tiny.yaml --device cpu --out /tmp/tiny
+    python -m vtcsearch.run configs/llama.yaml --solvers none,ilp --batch 1 --quick
+
+For every case of the config's workload and every batch size:
+build (meta device on a CPU) -> capture (torch.export + fusion) -> VTOG ->
+each solver with the cost oracle -> validate -> realize -> numerics against
+eager -> benchmark against the baselines, then write ``<out>/``:
+
+``summary.csv`` / ``summary.json``  one row per (case, batch, variant); schema in the README
+``kernels.csv``                     per-kernel breakdown of each solver's strategy (the oracle's rows)
+``numerics.csv``                    each realized strategy against eager (outputs and mutated buffers)
+``vtog/``                           VTOG JSON per case, points-to pictures, chosen strategies (JSON)
+``latency.png`` ``memory.png`` ``breakdown.png``    plots
+``report.md``                       the Markdown report
+
+On a GPU, vtcsearch's executables and the baselines are timed side by side in
+this process (:func:`experiments.baselines.run_variant`).  Without one, nothing
+can be timed: the model is a meta-device shell, the search uses the analytical
+H200 profile, latencies are *modelled*, and numerics are checked on a
+scaled-down copy realized through Triton's interpreter (the report says so).
+Exit status: 0; 1 if a numerics check or a whole case failed (the other cases still run and
+are reported); 2 for a bad config or arguments.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import math
+import os
+import platform
+import re
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from .config import Config, ConfigError, check_solvers, load_config, torch_dtype
+
+SCHEMA_VERSION = 1
+QUICK_BUDGETS = {"ilp": 10.0, "optuna": 30.0}      # --quick caps these solver budgets
+QUICK_SKIPS = {"compile_max_autotune": "skipped by --quick (autotuning takes minutes)"}
+
+# summary.csv columns, in order (documented in the README: keep stable)
+ROW_FIELDS = (
+    "case", "batch", "workload", "variant", "kind", "solver", "status", "reason",
+    "latency_us", "latency_source", "predicted_latency_us", "measured_latency_us", "measured_p20_us",
+    "measured_p80_us", "speedup_vs_none", "speedup_vs_best_baseline", "objective",
+    "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
+    "kernels", "movement_kernels", "movement_us", "compute_us",
+    "virtual_tensors", "eliminated_ops", "residual_copies",
+    "solver_status", "solve_wall_s", "oracle_calls", "unit_queries", "measurements",
+    "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err",
+)
+INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",
+              "movement_kernels", "virtual_tensors", "eliminated_ops", "residual_copies", "oracle_calls",
+              "unit_queries", "measurements")
+NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
+                   "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
+                   "copy_kernels", "fallbacks", "same_strategy_as", "error")
+
+
+# ---------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------
+def ensure_interpreter() -> None:
+    """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.kernels is imported."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if "vtcsearch.kernels" in sys.modules:
+        raise RuntimeError("vtcsearch.kernels was imported without TRITON_INTERPRET=1: set it in the "
+                           "environment to realize on the CPU")
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def case_label(params: dict[str, Any], default: str) -> str:
+    """A readable name of a case: string values as they are, others as key=value."""
+    parts = [str(v) if isinstance(v, str) else f"{k}={v}" for k, v in params.items()]
+    return ",".join(parts) or default
+
+
+def file_id(label: str, batch: int) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", label.replace("=", "")).strip("_") + f"-bs{batch}"
+
+
+def first_line(e: BaseException) -> str:
+    s = str(e).strip()
+    return f"{type(e).__name__}: {s.splitlines()[0][:300]}" if s else type(e).__name__
+
+
+def tensors_of(x: Any) -> list:
+    import torch
+    from torch.utils._pytree import tree_leaves
+    return [t for t in tree_leaves(x) if isinstance(t, torch.Tensor)]
+
+
+def errors(a, b) -> tuple[float, float]:
+    """(relative norm error, max abs error) of ``a`` against reference ``b`` (in float64)."""
+    a64, b64 = a.double(), b.double()
+    diff = (a64 - b64).nan_to_num(nan=math.inf)
+    rel = float(diff.norm() / max(float(b64.norm()), 1e-30)) if diff.numel() else 0.0
+    return rel, float(diff.abs().max()) if diff.numel() else 0.0
+
+
+def machine_info(device: str) -> dict[str, Any]:
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:  # pragma: no cover - triton is a dependency
+        triton_version = None
+    return {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+            "cpu": platform.processor() or platform.machine(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "triton": triton_version}
+
+
+class Log:
+    """Progress lines on stderr (rich), kept for ``log.txt``."""
+
+    def __init__(self, quiet: bool = False):
+        from rich.console import Console
+        self.console = Console(stderr=True, highlight=False)
+        self.quiet = quiet
+        self.lines: list[str] = []
+
+    def __call__(self, msg: str) -> None:
+        self.lines.append(msg)
+        if not self.quiet:
+            self.console.print(msg, markup=False, soft_wrap=True)
+
+    @contextmanager
+    def progress(self, total: int, what: str) -> Iterator[Callable[[str], None]]:
+        """A rich progress bar over ``total`` steps; the yielded function advances it with a note."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=self.console, transient=True,
+                      disable=self.quiet or not self.console.is_terminal) as bar:
+            task = bar.add_task(what, total=total)
+
+            def step(note: str) -> None:
+                bar.update(task, advance=1, description=f"{what}: {note}")
+            yield step
+
+
+@contextmanager
+def quiet_warnings() -> Iterator[None]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# ---------------------------------------------------------------------------
+# the run
+# ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class RunContext:
+    cfg: Config
+    device: str                 # "cpu" | "cuda"
+    out: Path
+    quick: bool
+    log: Log
+    oracle: Any = None
+    stage: str = ""             # the step of the case in progress (for failure messages)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def measured(self) -> bool:
+        return self.device == "cuda"
+
+    def budget(self, solver: str) -> float | None:
+        b = self.cfg.budgets.get(solver)
+        if self.quick and solver in QUICK_BUDGETS:
+            b = QUICK_BUDGETS[solver] if b is None else min(b, QUICK_BUDGETS[solver])
+        return b
+
+
+def make_objective(cfg: Config):
+    from cost_models import Objective
+    cap = int(cfg.memory_cap_gib * 2 ** 30) if cfg.memory_cap_gib is not None else None
+    if cfg.objective == "latency":
+        return Objective.latency(cap)
+    if cfg.objective == "memory":
+        return Objective(0.0, 1.0, cap)
+    return Objective.mix(cfg.seconds_per_gib, cap)
+
+
+def make_oracle(ctx: RunContext):
+    """The config's oracle; ``auto`` is profiling on a GPU (falling back to analytical if it fails)."""
+    from cost_models import get_oracle
+    cfg, objective = ctx.cfg, make_objective(ctx.cfg)
+    name = cfg.oracle
+    if name == "auto":
+        name = "profiling" if ctx.device == "cuda" else "analytical"
+    opts = dict(cfg.oracle_options)
+    if name == "analytical":
+        return get_oracle("analytical", hardware=opts.pop("hardware", cfg.hardware), objective=objective, **opts)
+    if name == "profiling":
+        opts.setdefault("db", str(ctx.out / "measurements.sqlite"))
+        if ctx.device == "cuda":
+            opts.setdefault("device", "cuda")
+        try:
+            return get_oracle("profiling", objective=objective, **opts)
+        except Exception as e:
+            if cfg.oracle != "auto":
+                raise
+            ctx.notes.append(f"profiling oracle unavailable ({first_line(e)}); searched with the analytical "
+                             f"{cfg.hardware} model instead")
+            ctx.log("   " + ctx.notes[-1])
+            return get_oracle("analytical", hardware=cfg.hardware, objective=objective)
+    opts.setdefault("hardware", cfg.hardware)
+    return get_oracle(name, objective=objective, **opts)
+
+
+def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
+    """solver name -> SolveResult (validated), or an error string (refused / failed)."""
+    from solvers import SolverRefused, get_solver
+    out: dict[str, Any] = {}
+    with ctx.log.progress(len(ctx.cfg.solvers), f"solve {what}") as step:
+        for name in ctx.cfg.solvers:
+            try:
+                res = get_solver(name)(vtog, ctx.oracle, budget=ctx.budget(name), seed=ctx.cfg.seed)
+                res.strategy.validate()
+                out[name] = res
+            except SolverRefused as e:
+                out[name] = ("skipped", str(e).splitlines()[0])
+            except Exception as e:  # a solver bug must not hide the others' results; the report lists it
+                out[name] = ("failed", first_line(e))
+            step(name)
+    return out
+
+
+class NumericsCopy:
+    """A real (CPU or GPU) copy of a case, its eager reference, and each solver's realized strategy on it."""
+
+    def __init__(self, ctx: RunContext, params: dict[str, Any], batch: int, *, size: str, dtype, device: str,
+                 workload=None, graph=None, vtog=None):
+        import torch
+        from experiments.workloads import build_workload
+        from vtcsearch.capture import capture
+        from vtcsearch.vtog import build_vtog
+        self.ctx, self.size, self.batch, self.dtype = ctx, size, batch, dtype
+        if workload is None:
+            torch.manual_seed(ctx.cfg.seed)
+            workload = build_workload(ctx.cfg.workload.name, size=size, batch=batch, device=device, dtype=dtype,
+                                      **params)
+            with quiet_warnings():
+                graph = capture(workload.model, workload.example_inputs)
+            vtog = build_vtog(graph)
+        self.w, self.graph, self.vtog = workload, graph, vtog
+        self.saved = {n: b.clone() for n, b in self.w.model.named_buffers()}
+        with torch.no_grad():
+            out = self.w.model(*self.w.example_inputs)
+        self.ref = [t.clone() for t in tensors_of(out)]
+        self.ref_bufs = {n: b.clone() for n, b in self.w.model.named_buffers()}
+        self.restore()
+        self.by_strategy: dict[frozenset, dict[str, Any]] = {}
+        self.none_outs: list | None = None
+        self.solved: dict[str, Any] = {}
+
+    def restore(self) -> None:
+        for n, b in self.w.model.named_buffers():
+            b.copy_(self.saved[n])
+
+    def check_exe(self, solver: str, strategy, exe=None) -> dict[str, Any]:
+        """Run ``strategy`` (realizing it unless ``exe`` is given) and compare with eager."""
+        import torch
+        from vtcsearch.realize import realize
+        rec: dict[str, Any] = {"solver": solver, "size": self.size, "batch": self.batch,
+                               "dtype": str(self.dtype).replace("torch.", "")}
+        key = frozenset(strategy.edges)
+        if exe is None and key in self.by_strategy:
+            prev = self.by_strategy[key]
+            return {**prev, **rec, "same_strategy_as": prev["solver"]}
+        try:
+            with quiet_warnings():   # the interpreter warns about the NaN poison of unwritten scratch
+                if exe is None:
+                    exe = realize(self.graph, strategy, self.w.model)
+                outs = [o.clone() for o in exe(*self.w.example_inputs)]
+            bufs = {n: b.clone() for n, b in self.w.model.named_buffers()}
+        except Exception as e:
+            rec.update(ok=False, error=first_line(e))
+            self.restore()
+            return rec
+        finally:
+            self.restore()
+        summ = exe.summary()
+        rec.update(kernels=summ["kernels"], copy_kernels=summ["copy_kernels"], fallbacks=len(summ["fallbacks"]))
+        cfgn = self.ctx.cfg.numerics
+        if len(outs) != len(self.ref):
+            rec.update(ok=False, error=f"{len(outs)} outputs, eager returns {len(self.ref)}")
+            return rec
+        ok, rel, mx, nan = True, 0.0, 0.0, False
+        for o, r in zip(outs, self.ref):
+            nan |= bool(torch.isnan(o).any()) and not bool(torch.isnan(r).any())
+            e_rel, e_max = errors(o, r)
+            rel, mx = max(rel, e_rel), max(mx, e_max)
+            ok &= o.shape == r.shape and bool(torch.allclose(o.float(), r.float(), rtol=cfgn.rtol, atol=cfgn.atol))
+        brel = bmax = 0.0
+        for n, r in self.ref_bufs.items():
+            e_rel, e_max = errors(bufs[n], r)
+            brel, bmax = max(brel, e_rel), max(bmax, e_max)
+            ok &= bool(torch.allclose(bufs[n].float(), r.float(), rtol=cfgn.rtol, atol=cfgn.atol))
+        rec.update(ok=bool(ok and not nan), rel_err=rel, max_abs_err=mx, buffers_rel_err=brel,
+                   buffers_max_abs_err=bmax, has_nan=nan, error=None)
+        if solver == "none":
+            self.none_outs = outs + [bufs[n] for n in sorted(bufs)]
+        if self.none_outs is not None:
+            mine = outs + [bufs[n] for n in sorted(bufs)]
+            rec["bitwise_equal_none"] = all(torch.equal(a, b) for a, b in zip(mine, self.none_outs))
+        self.by_strategy[key] = rec
+        return rec
+
+    def check_solver(self, solver: str) -> dict[str, Any]:
+        """Solve this copy's VTOG with ``solver`` (same oracle and budget) and check the realized result."""
+        from solvers import SolverRefused, get_solver
+        try:
+            res = get_solver(solver)(self.vtog, self.ctx.oracle, budget=self.ctx.budget(solver), seed=self.ctx.cfg.seed)
+            res.strategy.validate()
+        except SolverRefused as e:
+            return {"solver": solver, "size": self.size, "batch": self.batch, "ok": None,
+                    "error": f"refused on the {self.size} copy: {str(e).splitlines()[0]}"}
+        except Exception as e:
+            return {"solver": solver, "size": self.size, "batch": self.batch, "ok": False, "error": first_line(e)}
+        return self.check_exe(solver, res.strategy)
+
+
+def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache: dict,
+             kernel_rows: list, numerics_rows: list) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One (case, batch): returns the case record and its summary rows."""
+    import torch
+    from experiments.workloads import build_workload
+    from vtcsearch.capture import capture
+    from vtcsearch.vtog import build_vtog
+
+    cfg, log = ctx.cfg, ctx.log
+    label = case_label(params, cfg.workload.name)
+    fid = file_id(label, batch)
+    dtype = torch_dtype(cfg.dtype)
+    full_params = {**cfg.workload.params, **params}
+    log(f"== {label}, batch {batch}")
+
+    ctx.stage = "build"
+    t0 = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    device = "cuda" if ctx.measured else "meta"
+    w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=batch, device=device, dtype=dtype,
+                       **full_params)
+    t_build = time.perf_counter() - t0
+    ctx.stage = "capture"
+    t0 = time.perf_counter()
+    with quiet_warnings():
+        graph = capture(w.model, w.example_inputs)      # torch.export on fake tensors, then fusion
+    t_capture = time.perf_counter() - t0
+    ctx.stage = "VTOG construction"
+    t0 = time.perf_counter()
+    vtog = build_vtog(graph)
+    t_vtog = time.perf_counter() - t0
+    gs, vs = graph.summary(), vtog.summary()
+    log(f"   {w.name}: {gs['kernels']} kernels, {gs['movement_ops']} movement ops; VTOG {vs['nodes']} nodes, "
+        f"{vs['edges']} edges, {vs['candidates']} candidates (capture {t_capture:.1f} s)")
+    (ctx.out / "vtog").mkdir(exist_ok=True)
+    vtog.write_json(str(ctx.out / "vtog" / f"{fid}.json"))
+    case = {"case": label, "batch": batch, "id": fid, "workload": w.name, "description": w.description,
+            "params": {**full_params, "size": cfg.workload.size}, "dtype": cfg.dtype,
+            "graph": {k: gs[k] for k in ("tensors", "ops", "movement_ops", "compute_ops", "kernels",
+                                         "movement_by_onnx", "parameter_bytes")},
+            "vtog": {k: vs[k] for k in ("nodes", "edges", "options", "candidates", "conflicts", "edges_by_class")},
+            "build_s": t_build, "capture_s": t_capture, "vtog_s": t_vtog, "best_solver": None,
+            "error": None}
+
+    # search
+    ctx.stage = "search"
+    results = solve_all(ctx, vtog, f"{label} bs{batch}")
+    acc = ctx.oracle.accounting(vtog)
+    rows: list[dict[str, Any]] = []
+    evals: dict[str, Any] = {}
+    for name, res in results.items():
+        row = {"case": label, "batch": batch, "workload": w.name, "variant": f"vtc_{name}", "kind": "vtcsearch",
+               "solver": name}
+        if isinstance(res, tuple):
+            row.update(status=res[0], reason=res[1])
+            log(f"   {name:10s} {res[0]}: {res[1]}")
+            rows.append(row)
+            continue
+        ev = ctx.oracle.evaluate(res.strategy)
+        evals[name] = ev
+        s = res.strategy
+        kern = [r for r in ev.rows if r["seconds"] > 0]
+        row.update(status="ok", reason=None, predicted_latency_us=ev.latency_s * 1e6, objective=ev.objective,
+                   predicted_peak_bytes=ev.peak_bytes,
+                   predicted_activation_peak_bytes=(ev.peak_bytes - acc.const_bytes) if ev.peak_bytes is not None
+                   else None,
+                   kernels=len(kern), movement_kernels=sum(r["kind"] == "copy" for r in kern),
+                   movement_us=sum(r["seconds"] for r in kern if r["kind"] == "copy") * 1e6,
+                   compute_us=sum(r["seconds"] for r in kern if r["kind"] != "copy") * 1e6,
+                   virtual_tensors=len(s.virtual), eliminated_ops=len(s.eliminated_ops()),
+                   residual_copies=len(s.residuals), solver_status=res.status, solve_wall_s=res.wall_s,
+                   oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
+        for r in ev.rows:
+            kernel_rows.append({"case": label, "batch": batch, "variant": f"vtc_{name}", "solver": name,
+                                "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r})
+        (ctx.out / "strategies").mkdir(exist_ok=True)
+        s.write_json(str(ctx.out / "strategies" / f"{fid}_{name}.json"))
+        log(f"   {name:10s} predicted {ev.latency_s * 1e6:10.1f} us, {len(s.virtual)} virtual, "
+            f"{len(s.eliminated_ops())} ops eliminated, {row['movement_kernels']} copies "
+            f"({res.status}, {res.wall_s:.1f} s)")
+        rows.append(row)
+
+    # pictures of the chosen points-to graphs
+    ok_names = [n for n in results if n in evals]
+    if ok_names:
+        case["best_solver"] = min(ok_names, key=lambda n: evals[n].objective)
+    if ok_names and cfg.draw != "none":
+        best = case["best_solver"]
+        for name in (ok_names if cfg.draw == "all" else [best]):
+            try:
+                vtog.draw(str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=results[name].strategy.edges,
+                          title=f"{w.name} bs{batch}: points-to graph of {name}")
+            except Exception as e:   # a picture must not sink the run
+                ctx.notes.append(f"could not draw the {name} points-to graph of {label} bs{batch}: {first_line(e)}")
+
+    # numerics and benchmark
+    ctx.stage = "benchmark" if ctx.measured else "numerics"
+    if ctx.measured:
+        rows += gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows)
+    else:
+        cpu_numerics(ctx, params, full_params, batch, label, results, rows, numerics_cache, numerics_rows)
+        for name in cfg.baselines:
+            reason = ("needs CUDA: on this machine the model is a meta-device shell and nothing is timed "
+                      "(vtcsearch latencies are modelled)")
+            rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": "baseline",
+                         "status": "skipped", "reason": reason})
+    finish_rows(rows, ctx.measured)
+    return case, rows
+
+
+def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, rows, cache, numerics_rows) -> None:
+    """Each solver's strategy of a scaled-down CPU copy, realized through the interpreter, against eager."""
+    n = ctx.cfg.numerics
+    if not n.enabled:
+        return
+    nb = n.batch or batch
+    dtype = torch_dtype(n.dtype or ctx.cfg.dtype)
+    copy_params = {**full_params, **n.params}
+    key = (json.dumps(copy_params, sort_keys=True, default=str), n.size, nb, str(dtype))
+    copy = cache.get(key)
+    if copy is None:
+        ensure_interpreter()
+        t0 = time.perf_counter()
+        copy = cache[key] = NumericsCopy(ctx, copy_params, nb, size=n.size, dtype=dtype, device="cpu")
+        ctx.log(f"   numerics copy ({n.size}, batch {nb}, {str(dtype).replace('torch.', '')}, CPU interpreter) "
+                f"built in {time.perf_counter() - t0:.1f} s")
+    names = [nm for nm, r in results.items() if not isinstance(r, tuple)]
+    with ctx.log.progress(len(names), f"numerics {label}") as step:
+        for name in names:
+            rec = copy.solved.get(name)
+            if rec is None:
+                rec = copy.solved[name] = copy.check_solver(name)
+                numerics_rows.append({"case": label, **rec})
+                ctx.log(f"   numerics {name:10s} " + (
+                    f"ok={rec['ok']} rel err {rec.get('rel_err', math.nan):.2e} "
+                    f"max abs {rec.get('max_abs_err', math.nan):.2e}"
+                    + (f" (same strategy as {rec['same_strategy_as']})" if rec.get("same_strategy_as") else "")
+                    if rec.get("error") is None else f"{'skipped' if rec['ok'] is None else 'FAILED'}: {rec['error']}"))
+            step(name)
+            for row in rows:
+                if row.get("solver") == name:
+                    row.update(numerics_ok=rec.get("ok"), numerics_size=f"{n.size}/bs{nb}",
+                               numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
+
+
+def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows) -> list[dict[str, Any]]:
+    """Realize each strategy at full size and time it beside the baselines, in this process; check numerics."""
+    import torch
+    from experiments.baselines import Variant, baseline_variants, run_variant
+    from vtcsearch.realize import realize
+
+    cfg, log = ctx.cfg, ctx.log
+    copy = NumericsCopy(ctx, {}, batch, size=cfg.workload.size, dtype=w.dtype, device="cuda",
+                        workload=w, graph=graph, vtog=None) if cfg.numerics.enabled else None
+    model, inputs = w.model, w.example_inputs
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+
+    def restore() -> None:
+        for n, b in model.named_buffers():
+            b.copy_(saved[n])
+
+    exes: dict[str, Any] = {}
+    variants: list[Variant] = []
+    base_names = list(cfg.baselines)
+    for name in base_names:
+        if ctx.quick and name in QUICK_SKIPS:
+            variants.append(Variant(name, None, skipped=QUICK_SKIPS[name]))
+        else:
+            variants += baseline_variants(model, inputs, [name])
+    for name, res in results.items():
+        if isinstance(res, tuple):
+            continue
+
+        def build(name=name, s=res.strategy):
+            # realized inside build, so the variant's peak memory counts its own storages
+            exes[name] = realize(graph, s, model)
+            return exes[name].cuda_graph().replay
+        variants.append(Variant(f"vtc_{name}", build))
+    by_variant = {r["variant"]: r for r in rows}
+    extra: list[dict[str, Any]] = []
+    with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:
+        for var in variants:
+            m, _ = run_variant(var)
+            torch.cuda.synchronize()
+            restore()
+            row = by_variant.get(var.name)
+            if row is None:
+                row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": "baseline"}
+                extra.append(row)
+            if m.skipped:
+                row.update(status="skipped" if row["kind"] == "baseline" else "failed", reason=m.skipped)
+                log(f"   {var.name:22s} {row['status']}: {m.skipped}")
+            else:
+                row.update(status="ok", measured_latency_us=m.median_us, measured_p20_us=m.p20_us,
+                           measured_p80_us=m.p80_us, measured_peak_bytes=m.peak_memory_bytes, kernels=m.kernels,
+                           movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us)
+                log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
+                    f"{m.kernels} kernels ({m.movement_kernels} movement)")
+            name = var.name[4:] if var.name.startswith("vtc_") else None
+            if copy is not None and name in exes:
+                rec = copy.check_exe(name, results[name].strategy, exe=exes[name])
+                numerics_rows.append({"case": label, **rec})
+                row.update(numerics_ok=rec.get("ok"), numerics_size=f"{cfg.workload.size}/bs{batch}",
+                           numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
+                log(f"   {'':22s} numerics vs eager: ok={rec.get('ok')} rel err {rec.get('rel_err', math.nan):.2e}"
+                    + (f" {rec['error']}" if rec.get("error") else ""))
+            exes.pop(name or "", None)
+            torch.cuda.empty_cache()
+            step(var.name)
+    torch._dynamo.reset()      # drop the compiled baselines of this case before the next one
+    return extra
+
+
+def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exception
+                ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The record of a case that could not be built, captured or searched: every variant failed, with why."""
+    import traceback
+    cfg = ctx.cfg
+    label = case_label(params, cfg.workload.name)
+    where = traceback.extract_tb(e.__traceback__)[-1]
+    reason = f"{ctx.stage}: {first_line(e)} (raised at {Path(where.filename).name}:{where.lineno} in {where.name})"
+    ctx.log(f"   CASE FAILED: {reason}")
+    ctx.notes.append(f"case {label} bs{batch} failed: {reason}")
+    case = {"case": label, "batch": batch, "id": file_id(label, batch), "workload": cfg.workload.name,
+            "description": "", "params": {**cfg.workload.params, **params, "size": cfg.workload.size},
+            "dtype": cfg.dtype, "graph": {}, "vtog": {}, "build_s": 0.0, "capture_s": 0.0, "vtog_s": 0.0,
+            "best_solver": None, "error": reason}
+    rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": f"vtc_{s}",
+             "kind": "vtcsearch", "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
+    rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": "baseline",
+              "status": "failed", "reason": "the case failed before benchmarking"} for b in cfg.baselines]
+    finish_rows(rows, ctx.measured)
+    return case, rows
+
+
+def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
+    """Headline latency (measured where there is one), speedups, and every field present."""
+    for r in rows:
+        for f in ROW_FIELDS:
+            r.setdefault(f, None)
+        if r["measured_latency_us"] is not None:
+            r["latency_us"], r["latency_source"] = r["measured_latency_us"], "measured"
+        elif r["predicted_latency_us"] is not None and not measured:
+            r["latency_us"], r["latency_source"] = r["predicted_latency_us"], "modelled"
+    none = next((r for r in rows if r["variant"] == "vtc_none" and r["latency_us"]), None)
+    base = [r["measured_latency_us"] for r in rows if r["kind"] == "baseline" and r["measured_latency_us"]]
+    best = min(base) if base else None
+    for r in rows:
+        if r["latency_us"]:
+            if none is not None:
+                r["speedup_vs_none"] = none["latency_us"] / r["latency_us"]
+            if best and r["measured_latency_us"]:
+                r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
+
+
+def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, command: str = "",
+               log: Log | None = None) -> dict[str, Any]:
+    """Run every case and batch of ``cfg`` and write the results under ``out``; returns summary.json's content."""
+    import torch
+    from . import report
+    log = log or Log()
+    out.mkdir(parents=True, exist_ok=True)
+    if device == "cpu":
+        ensure_interpreter()
+    ctx = RunContext(cfg, device, out, quick, log)
+    t_start = time.perf_counter()
+    torch.manual_seed(cfg.seed)
+    ctx.oracle = make_oracle(ctx)
+    if not ctx.measured:
+        ctx.notes.append(f"No GPU was used: every latency is modelled by the {ctx.oracle.name} cost model "
+                         f"({ctx.oracle.describe().get('hardware', cfg.hardware)} profile), not measured; numerics "
+                         f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
+    log(f"vtcsearch run {cfg.name}: {cfg.description or cfg.workload.name} | device {device} | oracle "
+        f"{ctx.oracle.name} | objective {cfg.objective}" + (" | quick" if quick else ""))
+    cases, rows, kernel_rows, numerics_rows = [], [], [], []
+    numerics_cache: dict = {}
+    for params in cfg.workload.cases:
+        for b in cfg.batch_sizes:
+            try:
+                case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, numerics_rows)
+            except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
+                case, r = failed_case(ctx, params, b, e)
+            cases.append(case)
+            rows += r
+    numerics_cache.clear()
+    summary = {
+        "schema_version": SCHEMA_VERSION, "name": cfg.name, "description": cfg.description,
+        "config_path": cfg.path, "command": command,
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "wall_s": None, "measured": ctx.measured, "machine": machine_info(device),
+        "oracle": ctx.oracle.describe(), "objective": cfg.objective, "config": cfg.to_dict(),
+        "cases": cases, "rows": [{f: r.get(f) for f in ROW_FIELDS} for r in rows],
+        "numerics": [{f: r.get(f) for f in NUMERICS_FIELDS} for r in numerics_rows],
+        "notes": ctx.notes, "files": {},
+    }
+    summary["wall_s"] = time.perf_counter() - t_start
+    report.write_all(out, summary, kernel_rows, log)
+    summary["wall_s"] = time.perf_counter() - t_start
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=False)
+                                      if _finite(summary) else json.dumps(_clean(summary), indent=1, default=str))
+    (out / "log.txt").write_text("\n".join(log.lines) + "\n")
+    return summary
+
+
+def _finite(x: Any) -> bool:
+    try:
+        json.dumps(x, default=str, allow_nan=False)
+        return True
+    except ValueError:
+        return False
+
+
+def _clean(x: Any) -> Any:
+    """inf/nan -> null, so summary.json is strict JSON."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m vtcsearch.run",
+                                 description="Run an experiment config end to end: search, realize, check numerics, "
+                                             "benchmark, and write CSV/JSON/plots/report.md to the output folder.")
+    ap.add_argument("config", help="experiment config (configs/*.yaml)")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                    help="cuda: measure on the GPU; cpu: model latencies, check numerics in the interpreter "
+                         "(default: cuda when there is one)")
+    ap.add_argument("--out", default=None, help="output folder (default: the config's output)")
+    ap.add_argument("--solvers", default=None, help="comma-separated solvers, replacing the config's")
+    ap.add_argument("--batch", nargs="+", type=int, default=None, metavar="N",
+                    help="batch sizes, replacing the config's")
+    ap.add_argument("--oracle", default=None, help="cost oracle (auto, analytical, profiling, recorded), "
+                                                     "replacing the config's")
+    ap.add_argument("--baselines", default=None, help="comma-separated baselines, replacing the config's")
+    ap.add_argument("--quick", action="store_true",
+                    help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "
+                         f"skip {', '.join(QUICK_SKIPS)}")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines (the summary table is still printed)")
+    return ap.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``vtcsearch`` command."""
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        if args.solvers is not None:
+            cfg.solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
+            check_solvers(cfg.solvers, "--solvers")
+        if args.oracle is not None:
+            from cost_models import ORACLES
+            if args.oracle != "auto" and args.oracle not in ORACLES:
+                raise ConfigError(f"--oracle: unknown oracle {args.oracle!r}; choices: auto, {', '.join(ORACLES)}")
+            cfg.oracle = args.oracle
+        if args.baselines is not None:
+            from experiments.baselines import BASELINES
+            cfg.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+            bad = [b for b in cfg.baselines if b not in BASELINES]
+            if bad:
+                raise ConfigError(f"--baselines: unknown {bad}; choices: {', '.join(BASELINES)}")
+        if args.batch is not None:
+            if any(b < 1 for b in args.batch):
+                raise ConfigError("--batch: batch sizes must be >= 1")
+            cfg.batch_sizes = list(dict.fromkeys(args.batch))
+    except ConfigError as e:
+        print(f"ConfigError: {e}", file=sys.stderr)
+        return 2
+    import torch
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        print("error: --device cuda: no CUDA device here (use --device cpu for modelled latencies)", file=sys.stderr)
+        return 2
+    if device == "cpu":
+        try:
+            ensure_interpreter()    # before anything imports vtcsearch.kernels
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+    out = Path(args.out or cfg.output)
+    command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
+    log = Log(quiet=args.quiet)
+    summary = run_config(cfg, device=device, out=out, quick=args.quick, command=command, log=log)
+    from .report import print_table
+    print_table(summary)
+    print(f"results: {out}/ (report.md, summary.json, summary.csv) in {summary['wall_s']:.0f} s")
+    bad = [r for r in summary["numerics"] if r.get("ok") is False]
+    broken = [c for c in summary["cases"] if c.get("error")]
+    if broken:
+        print(f"FAILED cases: {', '.join(c['id'] for c in broken)} (see report.md)", file=sys.stderr)
+    if bad:
+        print(f"NUMERICS FAILED for {len(bad)} realized strateg{'y' if len(bad) == 1 else 'ies'}: "
+              + ", ".join(f"{r['case']}/{r['solver']}" for r in bad), file=sys.stderr)
+    return 1 if bad or broken else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
