@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import torch
 
 from vtcsearch.expr import evaluate
+from vtcsearch.lowering import substitute as _subst
 from vtcsearch.mapping import IndexMap, Piece
 
 from .accounting import UnitSpec
@@ -257,22 +258,6 @@ def random_tables(spec: UnitSpec, dev: torch.device, gen: torch.Generator) -> di
         shape = spec.tables.get(name, ((1,), torch.long))[0]
         out[name] = torch.randint(lo, max(lo, hi) + 1, tuple(shape), generator=gen).to(dev)
     return out
-
-
-def _subst(a: Any, env: Mapping[str, torch.Tensor], dev: torch.device) -> Any:
-    if isinstance(a, torch.fx.Node):
-        if a.name not in env:
-            raise KeyError(f"kernel input {a.name} not available")
-        return env[a.name]
-    if isinstance(a, torch.device):
-        return dev
-    if isinstance(a, tuple):
-        return tuple(_subst(x, env, dev) for x in a)
-    if isinstance(a, list):
-        return [_subst(x, env, dev) for x in a]
-    if isinstance(a, dict):
-        return {k: _subst(v, env, dev) for k, v in a.items()}
-    return a
 
 
 # ---------------------------------------------------------------------------

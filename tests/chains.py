@@ -263,3 +263,14 @@ def _flatten(a):
             yield from _flatten(x)
     else:
         yield a
+
+
+def random_valid_strategy(vtog, rng: random.Random, p: float = 0.4):
+    """A random valid strategy: options taken one at a time in random order, each kept only if still valid."""
+    from vtcsearch.strategy import Strategy
+    opts: list[int] = []
+    for o in rng.sample(vtog.options, len(vtog.options)):
+        if rng.random() < p and all(vtog.options[k].tensor != o.tensor for k in opts) and \
+                Strategy.from_options(vtog, opts + [o.id]).is_valid():
+            opts.append(o.id)
+    return Strategy.from_options(vtog, opts)

@@ -90,3 +90,12 @@ def test_restrict_and_retarget():
     assert [p.region for p in m.pieces] == [((0, 4), (2, 3)), ((0, 4), (3, 5))]
     r = m.retarget({"a": "A"})
     assert r.targets() == {"A", "b"}
+
+
+def test_run_length_of_a_gather_needs_no_index_values():
+    """A gather's rows (``table[i0]``) are contiguous along the row: the run is measured without the table
+    (building a VTOG has no index tensor values; EfficientViT's bicubic resize gathers rows)."""
+    from vtcsearch.expr import lookup
+    i0, i1 = index_vars(2)
+    m = IndexMap.single((5, 16), "x", (100, 16), [lookup("idx", [i0], 0, 99), i1])
+    assert m.run_length() == 16

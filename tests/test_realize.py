@@ -14,6 +14,8 @@ import pytest
 import torch
 from torch import nn
 
+from chains import random_valid_strategy
+
 from cost_models import get_oracle
 from experiments.workloads import build_workload
 from solvers import get_solver
@@ -110,12 +112,7 @@ def test_random_valid_strategies_realize_bit_identically(llama):
     rng = random.Random(7)
     found = 0
     for _ in range(4):
-        opts: list[int] = []   # grow a random strategy one option at a time, keeping it valid
-        for o in rng.sample(v.options, len(v.options)):
-            if rng.random() < 0.4 and all(v.options[k].tensor != o.tensor for k in opts) and \
-                    Strategy.from_options(v, opts + [o.id]).is_valid():
-                opts.append(o.id)
-        s = Strategy.from_options(v, opts)
+        s = random_valid_strategy(v, rng)
         if len(s.virtual) < 5:
             continue
         _, outs, bufs = run(g, s, w.model, w.example_inputs)

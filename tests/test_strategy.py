@@ -6,6 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from chains import random_valid_strategy
+
 from experiments.workloads import build_workload
 from vtcsearch.capture import capture
 from vtcsearch.interpret import StrategyInterpreter
@@ -178,12 +180,7 @@ def test_random_sound_strategies_on_llama_equal_eager_bit_for_bit():
     tried = valid = 0
     while valid < 6 and tried < 20:
         tried += 1
-        opts: list[int] = []   # grow a random strategy one option at a time, keeping it valid
-        for o in rng.sample(v.options, len(v.options)):
-            if rng.random() < 0.4 and all(v.options[k].tensor != o.tensor for k in opts) and \
-                    Strategy.from_options(v, opts + [o.id]).is_valid():
-                opts.append(o.id)
-        s = Strategy.from_options(v, opts)
+        s = random_valid_strategy(v, rng)
         if len(s.virtual) < 5:
             continue
         valid += 1

@@ -353,6 +353,21 @@ def simplify(e: Expr, ranges: Ranges) -> Expr:
     ``c*(x % a) + c*a*((x // a) % b) -> c*(x % (a*b))`` and
     ``c*(x % a) + c*a*(x // a) -> c*x`` (re-merging dimensions a reshape split).
     """
+    key = (e, tuple(sorted((k, tuple(v)) for k, v in ranges.items() if k in e.free_vars())))
+    hit = _SIMPLIFIED.get(key)
+    if hit is not None:
+        return hit
+    out = _simplify(e, ranges)
+    if len(_SIMPLIFIED) > 1 << 20:   # a bound on memory; solvers on big graphs ask for many
+        _SIMPLIFIED.clear()
+    _SIMPLIFIED[key] = out
+    return out
+
+
+_SIMPLIFIED: dict = {}
+
+
+def _simplify(e: Expr, ranges: Ranges) -> Expr:
     prev = None
     cur = e
     for _ in range(8):

@@ -281,8 +281,8 @@ def lower_aten(ctx: Context, group: Group, note: str = "") -> Launch:
     def run() -> None:
         env = {t: r() for t, r in reads}
         for node, outs_ in nodes:
-            args = _subst(node.args, env, ctx.device)
-            kwargs = _subst(dict(node.kwargs), env, ctx.device)
+            args = substitute(node.args, env, ctx.device)
+            kwargs = substitute(dict(node.kwargs), env, ctx.device)
             res = node.target(*args, **kwargs)
             vals = [r for r in res if isinstance(r, torch.Tensor)] if isinstance(res, (tuple, list)) else [res]
             for name, val in zip(outs_, vals):
@@ -303,17 +303,20 @@ def _io(g: "TensorGraph", names: Sequence[str]) -> tuple[list[str], list[str]]:
     return ins, region_outputs(g, names)
 
 
-def _subst(a: Any, env: dict[str, torch.Tensor], dev: torch.device) -> Any:
+def substitute(a: Any, env: dict[str, torch.Tensor], dev: torch.device) -> Any:
+    """An fx node's argument with tensor nodes replaced by values from ``env`` and devices by ``dev``."""
     if isinstance(a, torch.fx.Node):
+        if a.name not in env:
+            raise KeyError(f"kernel input {a.name} not available")
         return env[a.name]
     if isinstance(a, torch.device):
         return dev
     if isinstance(a, tuple):
-        return tuple(_subst(x, env, dev) for x in a)
+        return tuple(substitute(x, env, dev) for x in a)
     if isinstance(a, list):
-        return [_subst(x, env, dev) for x in a]
+        return [substitute(x, env, dev) for x in a]
     if isinstance(a, dict):
-        return {k: _subst(v, env, dev) for k, v in a.items()}
+        return {k: substitute(v, env, dev) for k, v in a.items()}
     return a
 
 

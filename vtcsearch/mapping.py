@@ -522,8 +522,25 @@ def _run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
     return run
 
 
+def _without_lookups(e: Expr) -> Expr:
+    """``table[j]`` replaced by ``j`` times a large stride: rows a gather picks are far apart, but what
+    varies inside a row (the contiguous run) is kept, without needing the index tensor's values."""
+    from .expr import Lookup
+
+    def f(a):
+        if isinstance(a, Lookup):
+            out = Expr()
+            for k, i in enumerate(a.index):
+                out = out + _without_lookups(i) * (1_000_003 ** (k + 1))
+            return out
+        return Expr({a: 1}) if not hasattr(a, "arg") else Expr({type(a)(_without_lookups(a.arg), a.div): 1})
+    return e.map_atoms(f)
+
+
 def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
     """Length of the first contiguous run of a non-affine piece, by evaluation on a sample."""
+    if off.has_lookup():
+        off = _without_lookups(off)
     region = list(p.region)
     # take the innermost dims whole and the outer ones at their first index, up to `sample` elements
     count = 1
