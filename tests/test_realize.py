@@ -246,3 +246,23 @@ def test_gpu_llama_decode_all_virtual_equals_eager(part, batch):
     # the CUDA graph of the executable replays to the same answer
     call = exe.cuda_graph()
     torch.testing.assert_close(call(*w.example_inputs)[0], outs[0], rtol=0, atol=0)
+
+
+class Gather(nn.Module):
+    def forward(self, x, idx):
+        return torch.relu(torch.index_select(x * 2.0, 0, idx)).transpose(0, 1) + 1.0
+
+
+def test_indirect_maps_read_index_tensors():
+    """index_select's output may be virtual over its input through an indirect map (runtime indices)."""
+    torch.manual_seed(4)
+    m = Gather().eval()
+    x, idx = torch.randn(10, 8, device=DEV), torch.tensor([3, 0, 9, 3, 5], device=DEV)
+    g = capture(m, (x, idx))
+    v = build_vtog(g)
+    ref, _ = eager(m, (x, idx))
+    s = get_solver("ilp")(v, get_oracle("analytical")).strategy
+    assert any(e.map.has_lookup() for es in s.chosen.values() for e in es)   # the gather is virtual
+    for strat in (Strategy(v, []), s):
+        _, outs, _ = run(g, strat, m, (x, idx))
+        torch.testing.assert_close(outs[0], ref[0])

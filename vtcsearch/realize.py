@@ -106,9 +106,9 @@ class Executable:
                                "(Triton's CPU interpreter) for CPU tensors")
         self.device, self.poison = dev, poison
         self.storages: dict[str, torch.Tensor] = {}
-        for t in graph.inputs:
+        for t in graph.inputs:   # building launches every kernel once: indices must be valid (0) then
             info = graph.tensors[t]
-            self.storages[t] = torch.empty_strided(info.shape, info.strides, dtype=info.dtype, device=dev)
+            self.storages[t] = torch.empty_strided(info.shape, info.strides, dtype=info.dtype, device=dev).zero_()
         for t, info in graph.tensors.items():
             if info.is_graph_input and info.kind != "input":
                 if t not in state:
@@ -150,15 +150,17 @@ class Executable:
         op = self._operands.get(t)
         if op is None:
             m = self.strategy.resolve(t)
-            tables = {}
-            for tb in m.tables():
-                tm = self.strategy.resolve(tb)
-                if not tm.is_identity_layout() or len(tm.targets()) != 1:
-                    raise NotImplementedError(f"index tensor {tb} of {t} must be physical")
-                tables[tb] = self.storage(next(iter(tm.targets())))
-            op = Operand(m, {s: self.storage(s) for s in m.targets()}, tables=tables, dtype=self.graph.tensors[t].dtype)
+            op = Operand(m, {s: self.storage(s) for s in m.targets()}, tables={tb: self.index_tensor(tb) for tb in m.tables()},
+                         dtype=self.graph.tensors[t].dtype)
             self._operands[t] = op
         return op
+
+    def index_tensor(self, name: str) -> torch.Tensor:
+        """The index tensor an indirect map reads (it must be physical: kernels read it as a plain array)."""
+        tm = self.strategy.resolve(name)
+        if not tm.is_identity_layout() or len(tm.targets()) != 1:
+            raise NotImplementedError(f"index tensor {name} is virtual; an indirect map needs it physical")
+        return self.storage(next(iter(tm.targets())))
 
     # -- building -----------------------------------------------------------
     def _build(self) -> None:
@@ -190,7 +192,7 @@ class Executable:
             for p in pair:
                 for e in list(p.index) + [c for c, _, _ in p.conds]:
                     for lk in e.lookups():
-                        out[lk.table] = self.operand(lk.table).tensors[next(iter(self.operand(lk.table).tensors))]
+                        out[lk.table] = self.index_tensor(lk.table)
         return out
 
     # -- running --------------------------------------------------------------
