@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from vtcsearch.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
-from vtcsearch.graph import TensorGraph
+from vtcsearch.graph import TensorGraph, kernel_io
 from vtcsearch.mapping import IndexMap, Piece, contiguous_strides, region_size
 from vtcsearch.strategy import Strategy, StrategyError
 
@@ -645,7 +645,7 @@ class Accounting:
         units: list[Unit] = []
         # TensorGraph.kernels() is O(ops) per call (and kernel_io calls it twice): compute once
         self.kernel_ops = g.kernels()
-        self.kernel_io = {k: _kernel_io(g, ops) for k, ops in self.kernel_ops.items()}
+        self.kernel_io = {k: kernel_io(g, ops) for k, ops in self.kernel_ops.items()}
         for k in self.kernel_ops:
             ins, outs = self.kernel_io[k]
             ts = tuple(dict.fromkeys(list(ins) + list(outs)))
@@ -983,23 +983,6 @@ class Accounting:
             diff[a + 1] += size
             diff[hi[s] + 2] -= size
         return int(self.const_bytes + np.cumsum(diff).max())
-
-
-def _kernel_io(g: TensorGraph, names: list[str]) -> tuple[list[str], list[str]]:
-    """``TensorGraph.kernel_io`` for a known op list (same rule: inputs from outside, outputs read outside)."""
-    ops = set(names)
-    ins: list[str] = []
-    outs: list[str] = []
-    for name in names:
-        o = g.ops[name]
-        for t in o.inputs:
-            if g.tensors[t].producer not in ops and t not in ins:
-                ins.append(t)
-        for t in o.outputs:
-            info = g.tensors[t]
-            if info.is_output or any(c not in ops for c in info.consumers) or t in g.mutations:
-                outs.append(t)
-    return ins, outs
 
 
 class ImpossibleConfig(ValueError):

@@ -49,6 +49,16 @@ class Measurement:
         return asdict(self)
 
 
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on (written beside every result)."""
+    import platform
+
+    import triton
+    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton.__version__}
+
+
 def is_movement_kernel(name: str) -> bool:
     """Classify a GPU kernel by name; compute hints win (a fused GEMM epilogue named '..._cat_...')."""
     return bool(MOVEMENT_KERNEL.search(name)) and not COMPUTE_HINT.search(name)

@@ -23,13 +23,14 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import sys
 import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from experiments.baselines import machine
 
 HBM_BYTES_PER_S = 4.3e12      # measured device-to-device copy bandwidth of the H200 (KINDS.md)
 BF16_FLOPS = 790e12           # measured dense bf16 matrix rate
@@ -188,13 +189,6 @@ def run_case(part: str, batch: int, args, log) -> tuple[list[dict], list[dict], 
             kernels.append({"part": part, "batch": batch, "variant": name, **r})
         restore()
     return rows, kernels, info
-
-
-def machine() -> dict[str, Any]:
-    import triton
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "torch": torch.__version__, "triton": triton.__version__}
 
 
 def markdown(rows: list[dict], meta: dict) -> str:

@@ -36,7 +36,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import sys
 import warnings
 from dataclasses import dataclass
@@ -44,6 +43,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
+
+from experiments.baselines import machine
 
 BATCHES = (1, 16)
 DTYPE = torch.float16
@@ -289,13 +290,6 @@ def run_case(name: str, batch: int, args: argparse.Namespace, log: Callable[[str
 # ---------------------------------------------------------------------------
 # reporting
 # ---------------------------------------------------------------------------
-
-def machine() -> dict[str, Any]:
-    import triton
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "torch": torch.__version__, "triton": triton.__version__}
-
 
 def _f(v: Any, fmt: str) -> str:
     return "" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)

@@ -91,16 +91,11 @@ def _scalar_args(op: "OpNode") -> list[Any]:
 
 
 def _is_cast(op: "OpNode") -> bool:
-    return op.node is not None and op.node.target in (aten._to_copy.default, aten.convert_element_type.default
-                                                      if hasattr(aten, "convert_element_type") else None)
+    return op.node is not None and op.node.target is aten._to_copy.default
 
 
 def _is_identity_move(op: "OpNode") -> bool:
     return op.kind == "movement" and op.movement_op is not None and op.movement_op.name in ("identity", "to_copy")
-
-
-def _tensor_args(op: "OpNode") -> list[str]:
-    return list(op.inputs)
 
 
 # ---------------------------------------------------------------------------
@@ -118,7 +113,6 @@ def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
     dim = softmax.node.args[1]
     if dim not in (-1, len(x_shape) - 1):
         return None
-    ops: list[str] = [softmax.name]
     pre: list["OpNode"] = []
     # backward to the first bmm
     t = softmax.inputs[0]
@@ -306,14 +300,9 @@ def _regions(g: "TensorGraph", free: set[str]) -> list[list[str]]:
 
 
 def region_outputs(g: "TensorGraph", ops: Iterable[str]) -> list[str]:
-    s = set(ops)
-    out = []
-    for o in ops:
-        for t in g.ops[o].outputs:
-            info = g.tensors[t]
-            if info.is_output or t in g.mutations or any(c not in s for c in info.consumers):
-                out.append(t)
-    return out
+    """What a group of ops must write to memory (:func:`vtcsearch.graph.kernel_io`'s outputs)."""
+    from .graph import kernel_io
+    return kernel_io(g, list(ops))[1]
 
 
 # ---------------------------------------------------------------------------

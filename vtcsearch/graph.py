@@ -145,19 +145,7 @@ class TensorGraph:
 
     def kernel_io(self, kernel: str) -> tuple[list[str], list[str]]:
         """Tensors a kernel reads from and writes to global memory."""
-        ops = set(self.kernels()[kernel])
-        ins, outs = [], []
-        for name in self.kernels()[kernel]:
-            o = self.ops[name]
-            for t in o.inputs:
-                p = self.tensors[t].producer
-                if (p not in ops) and t not in ins:
-                    ins.append(t)
-            for t in o.outputs:
-                info = self.tensors[t]
-                if info.is_output or any(c not in ops for c in info.consumers) or t in self.mutations:
-                    outs.append(t)
-        return ins, outs
+        return kernel_io(self, self.kernels()[kernel])
 
     def fuse(self) -> None:
         """Group ops into kernels (:mod:`vtcsearch.fusion`) and order the kernels."""
@@ -189,3 +177,21 @@ class TensorGraph:
         s = self.summary()
         return (f"TensorGraph({s['tensors']} tensors, {s['compute_ops']} compute ops in {s['kernels']} kernels, "
                 f"{s['movement_ops']} movement ops)")
+
+
+def kernel_io(g: TensorGraph, names: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) of the ops ``names`` run as one kernel: tensors read from outside them, and
+    tensors read outside them, returned by the program or written back into a buffer."""
+    ops = set(names)
+    ins: list[str] = []
+    outs: list[str] = []
+    for name in names:
+        o = g.ops[name]
+        for t in o.inputs:
+            if g.tensors[t].producer not in ops and t not in ins:
+                ins.append(t)
+        for t in o.outputs:
+            info = g.tensors[t]
+            if info.is_output or any(c not in ops for c in info.consumers) or t in g.mutations:
+                outs.append(t)
+    return ins, outs

@@ -21,6 +21,7 @@ import torch
 
 from .elementwise import Unsupported, compile_region, round_to
 from .fusion import ATTENTION, CONV, ELEMENTWISE, MATMUL, RMSNORM, Group, region_outputs
+from .graph import kernel_io
 from .kernels import (ConvEpilogue, Epilogue, Operand, attention, avg_pool2d, conv2d, copy, gemm,
                       global_avg_pool2d, max_pool2d, pointwise, rmsnorm, softmax)
 from .kernels.conv import out_size
@@ -246,7 +247,7 @@ def strided_view(op: Operand) -> torch.Tensor | None:
 def lower_aten(ctx: Context, group: Group, note: str = "") -> Launch:
     """Run the group's ATen ops: inputs read through their maps, outputs written through theirs."""
     g = ctx.graph
-    ins, outs = g.kernel_io(group.name) if group.name in g.groups else _io(g, group.ops)
+    ins, outs = kernel_io(g, group.ops)
     reads: list[tuple[str, Callable[[], torch.Tensor]]] = []
     for t in ins:
         op = ctx.operand(t)
@@ -255,8 +256,8 @@ def lower_aten(ctx: Context, group: Group, note: str = "") -> Launch:
             reads.append((t, lambda v=view: v))
         else:
             tmp = ctx.scratch(op.shape, g.tensors[t].dtype)
-            plan = Launch.of(t, "copy", copy(Operand.dense(tmp, "tmp"), op))
-            reads.append((t, lambda p=plan, x=tmp: (p(), x)[1]))
+            gather = Launch.of(t, "copy", copy(Operand.dense(tmp, "tmp"), op))
+            reads.append((t, lambda gather=gather, tmp=tmp: (gather(), tmp)[1]))
     writes: list[tuple[str, Callable[[torch.Tensor], None]]] = []
     for t in outs:
         op = ctx.operand(t)
@@ -265,14 +266,11 @@ def lower_aten(ctx: Context, group: Group, note: str = "") -> Launch:
             writes.append((t, lambda val, v=view: v.copy_(val)))
         else:
             tmp = ctx.scratch(op.shape, g.tensors[t].dtype)
-            src = Operand.dense(tmp, "tmp")
+            scatter = Launch.of(t, "copy", copy(op, Operand.dense(tmp, "tmp")))   # run later writes over it
 
-            def write(val, t=t, tmp=tmp, op=op, src=src, cache={}):
+            def write(val, tmp=tmp, scatter=scatter):
                 tmp.copy_(val)
-                if "plan" not in cache:     # the first call compiles and launches the copy
-                    cache["plan"] = Launch.of(t, "copy", copy(op, src))
-                else:
-                    cache["plan"]()
+                scatter()
             writes.append((t, write))
     nodes = [(g.ops[o].node, g.ops[o].outputs) for o in group.ops]
     if any(n is None for n, _ in nodes):
@@ -291,16 +289,6 @@ def lower_aten(ctx: Context, group: Group, note: str = "") -> Launch:
             w(env[t])
 
     return Launch(group.name, "aten", [], run, note)
-
-
-def _io(g: "TensorGraph", names: Sequence[str]) -> tuple[list[str], list[str]]:
-    ops = set(names)
-    ins: list[str] = []
-    for n in names:
-        for t in g.ops[n].inputs:
-            if g.tensors[t].producer not in ops and t not in ins:
-                ins.append(t)
-    return ins, region_outputs(g, names)
 
 
 def substitute(a: Any, env: dict[str, torch.Tensor], dev: torch.device) -> Any:
