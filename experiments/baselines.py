@@ -10,6 +10,7 @@ returned as skipped, with the reason.
 from __future__ import annotations
 
 import copy
+import gc
 import re
 import statistics
 import time
@@ -164,6 +165,7 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
     try:
         cuda = torch.cuda.is_available()
         if cuda:
+            gc.collect()   # an earlier variant's garbage (its private model copy) freed mid-build would count
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
         with torch.no_grad():

@@ -157,6 +157,18 @@ def realize_checked(graph, strategy, blk: Block, ref: list[torch.Tensor]) -> tup
     return exe, info
 
 
+def step_times(exes: dict[str, Any], blk: Block, batch: int) -> list[dict[str, Any]]:
+    """Every step (kernel or copy) of each realized strategy timed alone: where a strategy wins or loses."""
+    from experiments.baselines import time_cuda
+    rows = []
+    for name, exe in exes.items():
+        for st in exe.steps:
+            rows.append({"block": blk.name, "batch": batch, "strategy": name, "step": st.name, "kind": st.kind,
+                         "lowering": st.lowering, "us": time_cuda(st.launch, cuda_graph=True)[0],
+                         "modes": "; ".join(f"{p.name} {p.modes} {p.config}" for p, _ in st.launch.plans)})
+    return rows
+
+
 def conv_layers(graph, exes: dict[str, Any], blk: Block, batch: int) -> list[dict[str, Any]]:
     """Per conv kernel: the Triton conv (+ fused epilogue) as realized by each strategy, and cuDNN's conv
     on dense operands of the same shapes (conv only: eager runs the epilogue as separate kernels)."""
@@ -280,6 +292,10 @@ def run_case(name: str, batch: int, args: argparse.Namespace, log: Callable[[str
             layers = conv_layers(g, exes, blk, batch)
         except Exception as e:  # the latency rows stand without the per-layer table
             log(f"   conv layers: FAILED {type(e).__name__}: {e}")
+        try:
+            info["steps"] = step_times(exes, blk, batch)
+        except Exception as e:  # the latency rows stand without the per-step table
+            log(f"   step times: FAILED {type(e).__name__}: {e}")
         for r in layers:
             if r["triton_slower"]:
                 log(f"   conv {r['kernel']} x{r['x']} w{r['w']}: triton {r['triton_ilp_us']:.1f} us "
@@ -296,10 +312,14 @@ def _f(v: Any, fmt: str) -> str:
 
 
 def markdown(rows: list[dict], layers: list[dict], infos: list[dict], meta: dict) -> str:
-    m = meta["machine"]
-    lines = ["# Vision blocks: vtcsearch against eager and torch.compile (fp16)", "",
-             f"Command: `{meta['command']}`  ", f"Machine: {m['gpu'] or m['cpu'] + ' (no GPU)'} "
-             f"(torch {m['torch']}, triton {m['triton']})  ", f"Date: {meta['date']}", ""]
+    lines = ["# Vision blocks: vtcsearch against eager and torch.compile (fp16)", ""]
+    for run in meta.get("runs") or [meta]:
+        m = run["machine"]
+        lines += [f"Command: `{run['command']}`  ", f"Machine: {m['gpu'] or m['cpu'] + ' (no GPU)'} "
+                  f"(torch {m['torch']}, triton {m['triton']})  ", f"Date: {run['date']}", ""]
+    if meta.get("runs"):
+        lines += ["Each block and batch size was measured side by side in one process (one of the runs above); "
+                  "speedups are over the best baseline of that process.", ""]
     if rows:
         lines += ["| block | batch | variant | median us | speedup vs best baseline | peak MiB | kernels "
                   "| movement kernels | vtc copy kernels | numerics |", "|---|---|---|---|---|---|---|---|---|---|"]
@@ -323,6 +343,20 @@ def markdown(rows: list[dict], layers: list[dict], infos: list[dict], meta: dict
             lines.append(f"| {r['block']} | {r['batch']} | {r['kernel']} | {r['x']} | {r['w']} | {r['stride']} | "
                          f"{r['groups']} | {_f(r.get('triton_ilp_us'), '.1f')} | {_f(r.get('triton_none_us'), '.1f')} "
                          f"| {_f(r.get('cudnn_us'), '.1f')} |")
+    stepped = [i for i in infos if i.get("steps")]
+    if stepped:
+        lines += ["", "## Steps timed alone (steps.csv)", "",
+                  "Each kernel or copy of a realized strategy timed by itself (CUDA graph replays): the sum, and "
+                  "the kernels that reading or writing through the ILP's maps made slower than the same kernel "
+                  "on dense operands.", "",
+                  "| block | batch | vtc_none sum us | vtc_ilp sum us | kernels slower under vtc_ilp (none -> ilp us) |",
+                  "|---|---|---|---|---|"]
+        for i in stepped:
+            by = {s: {r["step"]: r["us"] for r in i["steps"] if r["strategy"] == s} for s in ("vtc_none", "vtc_ilp")}
+            slower = [f"{k} {by['vtc_none'][k]:.1f} -> {t:.1f}" for k, t in by["vtc_ilp"].items()
+                      if k in by["vtc_none"] and t > 1.2 * by["vtc_none"][k] and t - by["vtc_none"][k] > 2]
+            lines.append(f"| {i['block']} | {i['batch']} | {sum(by['vtc_none'].values()):.1f} | "
+                         f"{sum(by['vtc_ilp'].values()):.1f} | {'; '.join(slower) or '-'} |")
     lines += ["", "## Strategies", "", "| block | batch | strategy | kernels | copy kernels | residual copies "
               "| eliminated movement ops | max abs err vs eager | fallbacks |", "|---|---|---|---|---|---|---|---|---|"]
     for inf in infos:
@@ -345,10 +379,22 @@ def write(out: Path, rows: list[dict], layers: list[dict], infos: list[dict], me
     out.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(out / "latency.csv", index=False)
     pd.DataFrame(layers).to_csv(out / "conv_layers.csv", index=False)
+    pd.DataFrame([r for i in infos for r in i.get("steps", [])]).to_csv(out / "steps.csv", index=False)
     (out / "summary.json").write_text(json.dumps({"meta": meta, "cases": infos, "rows": rows, "conv_layers": layers},
                                                  indent=1, default=str))
     (out / "README.md").write_text(markdown(rows, layers, infos, meta))
     (out / "log.txt").write_text("\n".join(log_lines) + "\n")
+
+
+def previous_runs(path: Path, meta: dict, blocks: set[str], batches: set[int]
+                  ) -> tuple[list[dict], list[dict], list[dict], dict]:
+    """The rows of an earlier run that this run does not redo, and a meta listing every run."""
+    old = json.loads(path.read_text())
+    redo = lambda r: r["block"] in blocks and r["batch"] in batches   # noqa: E731
+    runs = old["meta"].get("runs") or [{k: old["meta"][k] for k in ("command", "machine", "date")}]
+    meta = {**meta, "runs": runs + [{k: meta[k] for k in ("command", "machine", "date")}]}
+    return ([r for r in old["rows"] if not redo(r)], [r for r in old["conv_layers"] if not redo(r)],
+            [i for i in old["cases"] if not redo(i)], meta)
 
 
 VARIANTS = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph",
@@ -361,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch", nargs="+", type=int, default=list(BATCHES))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--out", default="results/vision")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the other blocks/batches already in --out (each block and batch is still measured "
+                         "side by side in one process; the runs' commands are listed)")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny sizes on the CPU through Triton's interpreter: numerics only, no timing")
     args = ap.parse_args(argv)
@@ -384,6 +433,8 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine(), "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "dtype": str(DTYPE), "dry_run": args.dry_run}
     rows, layers, infos = [], [], []
+    if args.append and (out / "summary.json").exists():
+        rows, layers, infos, meta = previous_runs(out / "summary.json", meta, set(args.blocks), set(args.batch))
     ok = True
     for name in args.blocks:
         for b in args.batch:
@@ -399,6 +450,8 @@ def main(argv: list[str] | None = None) -> int:
             rows += r
             layers += lay
             infos.append(info)
+            for lst in (rows, layers, infos):   # stable: a case's variants keep their order
+                lst.sort(key=lambda r: (list(BLOCKS).index(r["block"]), r["batch"]))
             write(out, rows, layers, infos, meta, log_lines)   # after every case: a cut-short run keeps its results
             if torch.cuda.is_available() and not args.dry_run:
                 torch.cuda.empty_cache()

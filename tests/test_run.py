@@ -47,7 +47,7 @@ ROW_TYPES = {
 TOP_TYPES = {
     "schema_version": int, "name": str, "description": str, "config_path": OPT_STR, "command": str, "date": str,
     "wall_s": NUM, "measured": bool, "machine": dict, "oracle": dict, "objective": str, "config": dict,
-    "cases": list, "rows": list, "numerics": list, "notes": list, "files": dict,
+    "cases": list, "rows": list, "numerics": list, "notes": list, "files": dict, "runs": list,
 }
 CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
               "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
@@ -142,6 +142,35 @@ def test_summary_json_schema(tiny_run):
             assert (out / p).exists(), (key, p)
 
 
+def test_append_keeps_the_cases_it_does_not_redo(tiny_run, tmp_path):
+    """A config run in pieces: batch 2 appended to the batch-1 run; both cases, both commands, one report."""
+    import shutil
+    _, first = tiny_run
+    out = tmp_path / "pieces"
+    shutil.copytree(first, out)
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none",
+                 "--batch", "2", "--append"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert [(c["case"], c["batch"]) for c in s["cases"]] == [("llama3", 1), ("llama3", 2)]
+    assert {r["batch"] for r in s["rows"]} == {1, 2}
+    assert {r["solver"] for r in s["rows"] if r["batch"] == 1 and r["kind"] == "vtcsearch"} == {"none", "greedy", "ilp"}
+    assert [r["command"].split()[-1] for r in s["runs"]] == ["--quiet", "--append"]
+    with open(out / "kernels.csv") as f:
+        assert {row["batch"] for row in csv.DictReader(f)} == {"1", "2"}
+    report = (out / "report.md").read_text()
+    assert report.count("- Command: ") == 2
+    # redoing batch 1 replaces its rows instead of duplicating them
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none", "--append"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert [(c["case"], c["batch"]) for c in s["cases"]] == [("llama3", 2), ("llama3", 1)]
+    assert {r["solver"] for r in s["rows"] if r["batch"] == 1 and r["kind"] == "vtcsearch"} == {"none"}
+    # a folder of another config is refused, not mixed in
+    other = json.loads((out / "summary.json").read_text())
+    other["name"] = "llama"
+    (out / "summary.json").write_text(json.dumps(other))
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--append"]) == 2
+
+
 def test_report_says_modelled(tiny_run):
     _, out = tiny_run
     text = (out / "report.md").read_text()
@@ -172,7 +201,7 @@ def test_every_shipped_config_loads():
         cfg = load_config(ROOT / "configs" / f"{n}.yaml")
         assert cfg.name == n and cfg.output == f"results/{n}"
     llama = load_config(ROOT / "configs" / "llama.yaml")
-    assert llama.batch_sizes == [1, 16] and llama.hardware == "H200" and llama.oracle == "auto"
+    assert llama.batch_sizes == [1, 16] and llama.hardware == "H200" and llama.oracle == "analytical"
 
 
 @pytest.mark.parametrize("edit,key,words", [

@@ -159,10 +159,16 @@ def markdown(summary: dict[str, Any]) -> str:
     else:
         lines += [f"Latencies are **measured** on {m['gpu']} (median of CUDA-event timings; vtcsearch variants "
                   f"replay one CUDA graph), side by side with the baselines in one process.", ""]
-    lines += [f"- Command: `{summary['command']}`",
-              f"- Machine: {m['gpu'] or 'CPU only'} ({m['cpu']}; {m['platform']}); python {m['python']}, "
-              f"torch {m['torch']}, triton {m['triton']}",
-              f"- Date: {summary['date']}; wall time {_fmt(summary['wall_s'], '.0f')} s",
+    runs = summary.get("runs") or [summary]
+    for run in runs:       # a config run in pieces (--append) lists every piece
+        rm = run["machine"]
+        lines += [f"- Command: `{run['command']}`",
+                  f"- Machine: {rm['gpu'] or 'CPU only'} ({rm['cpu']}; {rm['platform']}); python {rm['python']}, "
+                  f"torch {rm['torch']}, triton {rm['triton']}",
+                  f"- Date: {run['date']}" + ("" if len(runs) > 1 else f"; wall time {_fmt(summary['wall_s'], '.0f')} s")]
+    if len(runs) > 1:
+        lines.append("- Each case was run whole by one of these commands (its variants side by side in one process)")
+    lines += [
               f"- Oracle: {o.get('oracle')}" + (f" ({o.get('hardware')})" if o.get("hardware") else "")
               + f"; objective: {summary['objective']}; dtype {summary['config']['dtype']}", ""]
     for note in summary.get("notes", []):

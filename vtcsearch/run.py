@@ -586,10 +586,14 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
 
 
 def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, command: str = "",
-               log: Log | None = None) -> dict[str, Any]:
-    """Run every case and batch of ``cfg`` and write the results under ``out``; returns summary.json's content."""
+               log: Log | None = None, append: bool = False) -> dict[str, Any]:
+    """Run every case and batch of ``cfg`` and write the results under ``out``; returns summary.json's content.
+
+    The folder is rewritten after every case, so a run cut short keeps what it finished.  ``append``
+    keeps the cases of an earlier run in ``out`` that this one does not redo (a config run in pieces,
+    e.g. one batch size per call); every run's command, machine and date are listed under ``runs``.
+    """
     import torch
-    from . import report
     log = log or Log()
     out.mkdir(parents=True, exist_ok=True)
     if device == "cpu":
@@ -604,34 +608,69 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                          f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
     log(f"vtcsearch run {cfg.name}: {cfg.description or cfg.workload.name} | device {device} | oracle "
         f"{ctx.oracle.name} | objective {cfg.objective}" + (" | quick" if quick else ""))
-    cases, rows, kernel_rows, numerics_rows = [], [], [], []
+    this_run = {"command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "machine": machine_info(device)}
+    summary = {
+        "schema_version": SCHEMA_VERSION, "name": cfg.name, "description": cfg.description,
+        "config_path": cfg.path, **this_run, "wall_s": None, "measured": ctx.measured,
+        "oracle": ctx.oracle.describe(), "objective": cfg.objective, "config": cfg.to_dict(),
+        "cases": [], "rows": [], "numerics": [], "notes": ctx.notes, "files": {}, "runs": [this_run],
+    }
+    kernel_rows: list[dict[str, Any]] = []
+    if append:
+        plan = {(case_label(p, cfg.workload.name), b) for p in cfg.workload.cases for b in cfg.batch_sizes}
+        kernel_rows = keep_earlier(out, summary, plan)
     numerics_cache: dict = {}
     for params in cfg.workload.cases:
         for b in cfg.batch_sizes:
             try:
-                case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, numerics_rows)
+                case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
             except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
                 case, r = failed_case(ctx, params, b, e)
-            cases.append(case)
-            rows += r
+            summary["cases"].append(case)
+            summary["rows"] += r
+            write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
     numerics_cache.clear()
-    summary = {
-        "schema_version": SCHEMA_VERSION, "name": cfg.name, "description": cfg.description,
-        "config_path": cfg.path, "command": command,
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "wall_s": None, "measured": ctx.measured, "machine": machine_info(device),
-        "oracle": ctx.oracle.describe(), "objective": cfg.objective, "config": cfg.to_dict(),
-        "cases": cases, "rows": [{f: r.get(f) for f in ROW_FIELDS} for r in rows],
-        "numerics": [{f: r.get(f) for f in NUMERICS_FIELDS} for r in numerics_rows],
-        "notes": ctx.notes, "files": {},
-    }
-    summary["wall_s"] = time.perf_counter() - t_start
+    return summary
+
+
+def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], log: Log,
+                  wall_s: float) -> None:
+    """Every output file of the run so far (summary.json last: it lists the others)."""
+    from . import report
+    summary["wall_s"] = wall_s
+    summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in summary["rows"]]
+    latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
+    summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS} for r in latest.values()]   # appended runs: last wins
     report.write_all(out, summary, kernel_rows, log)
-    summary["wall_s"] = time.perf_counter() - t_start
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=False)
                                       if _finite(summary) else json.dumps(_clean(summary), indent=1, default=str))
     (out / "log.txt").write_text("\n".join(log.lines) + "\n")
-    return summary
+
+
+def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]]) -> list[dict[str, Any]]:
+    """Move an earlier run's cases that ``plan`` does not redo into ``summary``; returns their kernel rows."""
+    import pandas as pd
+    path = out / "summary.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    if old.get("name") != summary["name"] or old.get("measured") != summary["measured"]:
+        raise ConfigError(f"--append: {path} holds {old.get('name')!r} "
+                          f"({'measured' if old.get('measured') else 'modelled'}), not this run's "
+                          f"{summary['name']!r} ({'measured' if summary['measured'] else 'modelled'})")
+    keep = lambda r: (r["case"], r["batch"]) not in plan   # noqa: E731
+    summary["cases"] = [c for c in old["cases"] if keep(c)]
+    summary["rows"] = [r for r in old["rows"] if keep(r)]
+    summary["numerics"] = [r for r in old["numerics"] if keep(r)]
+    summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
+    earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
+    summary["runs"][:0] = earlier
+    kpath = out / "kernels.csv"
+    if not kpath.exists() or kpath.stat().st_size == 0:
+        return []
+    kdf = pd.read_csv(kpath)
+    return [r for r in kdf.to_dict("records") if keep(r)]
 
 
 def _finite(x: Any) -> bool:
@@ -674,6 +713,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true",
                     help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "
                          f"skip {', '.join(QUICK_SKIPS)}")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the cases already in the output folder that this run does not redo "
+                         "(run a config in pieces, e.g. one --batch per call)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines (the summary table is still printed)")
     return ap.parse_args(argv)
 
@@ -718,7 +760,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out or cfg.output)
     command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
     log = Log(quiet=args.quiet)
-    summary = run_config(cfg, device=device, out=out, quick=args.quick, command=command, log=log)
+    try:
+        summary = run_config(cfg, device=device, out=out, quick=args.quick, command=command, log=log,
+                             append=args.append)
+    except ConfigError as e:
+        print(f"ConfigError: {e}", file=sys.stderr)
+        return 2
     from .report import print_table
     print_table(summary)
     print(f"results: {out}/ (report.md, summary.json, summary.csv) in {summary['wall_s']:.0f} s")

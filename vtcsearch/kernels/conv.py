@@ -271,6 +271,10 @@ def _conv_gemm(x, w, out, geo, ep, scale, shift, res, extra) -> tuple[list[dict]
         grid = (-(-M // BM) * -(-COG // BN), G)
         constexprs = {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
         options = {k: cfg[k] for k in ("num_warps", "num_stages")}
+        if any(m != "single" for k in ("x", "w") for m in ios[k].modes):
+            # Triton 3.6 on the H200 pipelined a K loop reading x through a piecewise map wrongly
+            # (YOLO11s C3k2: ~0.1% of outputs off by up to 0.1 with num_stages 3-4, exact with 1)
+            options["num_stages"] = 1
         return Plan("conv2d_gemm", kern, grid, constexprs, options, src, {k: io.modes for k, io in ios.items()}, cfg)
 
     return _gemm_configs(M, COG, K, TAPS, gpu), build
