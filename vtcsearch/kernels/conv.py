@@ -275,7 +275,8 @@ def _conv_gemm(x, w, out, geo, ep, scale, shift, res, extra) -> tuple[list[dict]
             # Triton 3.6 on the H200 pipelined a K loop reading x through a piecewise map wrongly
             # (YOLO11s C3k2: ~0.1% of outputs off by up to 0.1 with num_stages 3-4, exact with 1)
             options["num_stages"] = 1
-        return Plan("conv2d_gemm", kern, grid, constexprs, options, src, {k: io.modes for k, io in ios.items()}, cfg)
+        return Plan("conv2d_gemm", kern, grid, constexprs, options, src, {k: io.modes for k, io in ios.items()},
+                    {**cfg, **options})
 
     return _gemm_configs(M, COG, K, TAPS, gpu), build
 
