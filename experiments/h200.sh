@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# What ran on the lent H200 (one call of at most 10 minutes each): the GPU tests, then benchmarks.
+# What ran on the H200 (one call of at most 10 minutes each): the GPU tests, then benchmarks.
 #   bash experiments/h200.sh tests|llama|layer|runner|vision [OUT]
-# The machine has no network: OR-Tools travels as wheels in .whl/ (see docs/gpu.md).
+# The machine has no network: OR-Tools and Optuna (with protobuf, immutabledict, sqlalchemy, greenlet, alembic,
+# mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${2:-${OUT:-out}}

@@ -276,6 +276,24 @@ def test_conv_1x1_reads_channel_concat_per_block():
         assert plan.modes["x"] == ["block"], plan.modes
 
 
+@pytest.mark.parametrize("kind", ["identity", "concat_aligned", "concat_unaligned"])
+def test_conv_k_loop_through_pieces_is_not_pipelined(kind, monkeypatch):
+    """A K loop reading x through a piecewise map runs with num_stages=1 (pipelined, Triton 3.6 on the
+    H200 got ~0.1% of YOLO11s C3k2 outputs wrong); dense operands keep their pipelined configurations."""
+    import vtcsearch.kernels.conv as conv_mod
+    monkeypatch.setattr(conv_mod, "_gemm_configs", lambda *a: [
+        {"BM": 64, "BN": 16, "BK": 16, "GROUP_M": 8, "ORDER": 0, "num_warps": 4, "num_stages": 3}])
+    x, xr = read_x(kind, 1, 48, 4, 5)
+    w = rnd(16, 48, 1, 1)
+    want = conv_ref(xr, w)
+    out = write_out("identity", *want.shape)
+    plan = conv2d(x, Operand.dense(w, "w"), out)
+    assert_written(out, want)
+    piecewise = kind != "identity"
+    assert plan.options["num_stages"] == (1 if piecewise else 3), (kind, plan.modes)
+    assert plan.config["num_stages"] == plan.options["num_stages"]
+
+
 @pytest.mark.parametrize("algo", ["gemm", "direct"])
 @pytest.mark.parametrize("kind", WRITE_KINDS)
 def test_conv_writes_out_through_map(kind, algo):

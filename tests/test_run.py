@@ -162,7 +162,7 @@ def test_append_keeps_the_cases_it_does_not_redo(tiny_run, tmp_path):
     # redoing batch 1 replaces its rows instead of duplicating them
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none", "--append"]) == 0
     s = json.loads((out / "summary.json").read_text())
-    assert [(c["case"], c["batch"]) for c in s["cases"]] == [("llama3", 2), ("llama3", 1)]
+    assert [(c["case"], c["batch"]) for c in s["cases"]] == [("llama3", 1), ("llama3", 2)]
     assert {r["solver"] for r in s["rows"] if r["batch"] == 1 and r["kind"] == "vtcsearch"} == {"none"}
     # a folder of another config is refused, not mixed in
     other = json.loads((out / "summary.json").read_text())

@@ -639,6 +639,10 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     """Every output file of the run so far (summary.json last: it lists the others)."""
     from . import report
     summary["wall_s"] = wall_s
+    labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
+    order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
+    for key in ("cases", "rows", "numerics"):   # config order, whatever order appended pieces ran in
+        summary[key].sort(key=order)
     summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in summary["rows"]]
     latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
     summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS} for r in latest.values()]   # appended runs: last wins
