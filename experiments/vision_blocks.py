@@ -26,8 +26,8 @@ baseline, peak memory, kernels and data movement kernels per call
 (torch.profiler), numerics against eager, and per conv layer the Triton conv's
 time (as the ILP realized it, and with dense operands) against cuDNN's.  A
 variant that fails is reported as skipped with the reason; the others still run.
-Results go to ``--out``: ``latency.csv``, ``conv_layers.csv``, ``summary.json``,
-``README.md`` (tables), ``log.txt``, written after every case.
+Results go to ``--out``: ``latency.csv``, ``conv_layers.csv``, ``steps.csv``, ``summary.json``,
+``README.md`` (tables), ``speedup.png``, ``log.txt``, written after every case.
 """
 from __future__ import annotations
 
@@ -382,8 +382,34 @@ def write(out: Path, rows: list[dict], layers: list[dict], infos: list[dict], me
     pd.DataFrame([r for i in infos for r in i.get("steps", [])]).to_csv(out / "steps.csv", index=False)
     (out / "summary.json").write_text(json.dumps({"meta": meta, "cases": infos, "rows": rows, "conv_layers": layers},
                                                  indent=1, default=str))
+    if any(r.get("speedup_vs_best_baseline") for r in rows):
+        plot_speedups(rows, out / "speedup.png")
     (out / "README.md").write_text(markdown(rows, layers, infos, meta))
     (out / "log.txt").write_text("\n".join(log_lines) + "\n")
+
+
+def plot_speedups(rows: list[dict], path: Path) -> None:
+    """Speedup over the best baseline of each case, one group of bars per block and batch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cases = list(dict.fromkeys((r["block"], r["batch"]) for r in rows))
+    names = list(dict.fromkeys(r["name"] for r in rows))
+    width = 0.8 / len(names)
+    fig, ax = plt.subplots(figsize=(max(8, 1.4 * len(cases)), 4.5))
+    for k, name in enumerate(names):
+        ys = [next((r["speedup_vs_best_baseline"] or 0 for r in rows if (r["block"], r["batch"]) == c
+                    and r["name"] == name), 0) for c in cases]
+        ax.bar([i + k * width for i in range(len(cases))], ys, width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(cases))])
+    ax.set_xticklabels([f"{b}\nbs{n}" for b, n in cases], fontsize=7)
+    ax.set_ylabel("speedup over the best baseline (x)")
+    ax.set_title("Vision blocks on the GPU (fp16); a missing bar: not run in that case's process")
+    ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def previous_runs(path: Path, meta: dict, blocks: set[str], batches: set[int]

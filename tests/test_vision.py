@@ -282,6 +282,25 @@ def test_vision_blocks_dry_run(tmp_path):
     assert "yolo11n-c3k2" in (tmp_path / "README.md").read_text()
 
 
+def test_vision_blocks_append_keeps_other_cases_and_lists_runs(tmp_path):
+    """--append: a second block joins the first run's folder; rows stay in block order, both commands listed."""
+    import json
+    assert vision_blocks_main(["--dry-run", "--blocks", "shufflenet-s1", "--out", str(tmp_path)]) == 0
+    assert vision_blocks_main(["--dry-run", "--blocks", "yolo11n-c3k2", "--out", str(tmp_path), "--append"]) == 0
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert [c["block"] for c in s["cases"]] == ["yolo11n-c3k2", "shufflenet-s1"]
+    assert [r["command"].split("--blocks ")[1].split()[0] for r in s["meta"]["runs"]] == ["shufflenet-s1", "yolo11n-c3k2"]
+    assert (tmp_path / "README.md").read_text().count("Command: ") == 2
+
+
+def test_speedup_plot(tmp_path):
+    from experiments.vision_blocks import plot_speedups
+    rows = [{"block": "b", "batch": 1, "name": n, "speedup_vs_best_baseline": x}
+            for n, x in (("compile_max_autotune_graph", 1.0), ("vtc_none", 1.2), ("vtc_ilp", 1.8))]
+    plot_speedups(rows, tmp_path / "speedup.png")
+    assert (tmp_path / "speedup.png").stat().st_size > 1000
+
+
 # ---------------------------------------------------------------------------
 # on the GPU: every benchmark block at its real shape (fp16, batch 1)
 # ---------------------------------------------------------------------------
