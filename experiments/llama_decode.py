@@ -209,8 +209,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def write(out: Path, rows: list[dict], kernels: list[dict], infos: list[dict], meta: dict, log_lines: list[str]) -> None:
     import pandas as pd
-    pd.DataFrame(rows).to_csv(out / "latency.csv", index=False)
-    pd.DataFrame(kernels).to_csv(out / "kernels.csv", index=False)
+    from vtcsearch.report import with_provenance
+    pd.DataFrame(with_provenance(rows, meta)).to_csv(out / "latency.csv", index=False)
+    pd.DataFrame(with_provenance(kernels, meta)).to_csv(out / "kernels.csv", index=False)
     (out / "summary.json").write_text(json.dumps({"meta": meta, "cases": infos, "rows": rows}, indent=1, default=str))
     (out / "README.md").write_text(markdown(rows, meta))
     (out / "log.txt").write_text("\n".join(log_lines) + "\n")

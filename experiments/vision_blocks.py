@@ -377,9 +377,13 @@ def write(out: Path, rows: list[dict], layers: list[dict], infos: list[dict], me
           log_lines: list[str]) -> None:
     import pandas as pd
     out.mkdir(parents=True, exist_ok=True)
+    from vtcsearch.report import with_provenance
+    rows[:] = with_provenance(rows, meta)       # in place: appended runs keep each row's own run
+    layers[:] = with_provenance(layers, meta)
     pd.DataFrame(rows).to_csv(out / "latency.csv", index=False)
     pd.DataFrame(layers).to_csv(out / "conv_layers.csv", index=False)
-    pd.DataFrame([r for i in infos for r in i.get("steps", [])]).to_csv(out / "steps.csv", index=False)
+    steps = [r for i in infos for r in i.get("steps", [])]
+    pd.DataFrame(with_provenance(steps, meta) if steps else []).to_csv(out / "steps.csv", index=False)
     (out / "summary.json").write_text(json.dumps({"meta": meta, "cases": infos, "rows": rows, "conv_layers": layers},
                                                  indent=1, default=str))
     if any(r.get("speedup_vs_best_baseline") for r in rows):

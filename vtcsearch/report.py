@@ -19,6 +19,15 @@ def _fmt(x: Any, spec: str = ".1f", none: str = "-") -> str:
     return format(x, spec)
 
 
+def with_provenance(rows: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rows carrying the command, machine and date they were measured with (kept where a row has them:
+    rows of earlier runs appended to a folder keep their own)."""
+    m = run["machine"]
+    where = f"{m.get('gpu') or m.get('cpu')} (torch {m.get('torch')}, triton {m.get('triton')})"
+    return [{**r, "command": r.get("command") or run["command"], "machine": r.get("machine") or where,
+             "date": r.get("date") or run["date"]} for r in rows]
+
+
 def latency_word(summary: dict[str, Any]) -> str:
     return "measured" if summary["measured"] else "modelled"
 
@@ -46,7 +55,7 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
     df.to_csv(out / "summary.csv", index=False)
     files["summary_csv"] = "summary.csv"
     kcols = ["case", "batch", "variant", "solver", "source", "unit", "kind", "us", "seconds", "bytes", "flops"]
-    kdf = pd.DataFrame(kernel_rows)
+    kdf = pd.DataFrame(with_provenance(kernel_rows, summary))
     kdf = kdf[[c for c in kcols if c in kdf.columns] + [c for c in kdf.columns if c not in kcols]] if len(kdf) \
         else pd.DataFrame(columns=kcols)
     kdf.to_csv(out / "kernels.csv", index=False)

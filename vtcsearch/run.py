@@ -168,6 +168,7 @@ class RunContext:
     oracle: Any = None
     stage: str = ""             # the step of the case in progress (for failure messages)
     notes: list[str] = dataclasses.field(default_factory=list)
+    run: dict[str, Any] = dataclasses.field(default_factory=dict)   # command, date, machine of this run
 
     @property
     def measured(self) -> bool:
@@ -365,7 +366,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     log(f"   {w.name}: {gs['kernels']} kernels, {gs['movement_ops']} movement ops; VTOG {vs['nodes']} nodes, "
         f"{vs['edges']} edges, {vs['candidates']} candidates (capture {t_capture:.1f} s)")
     (ctx.out / "vtog").mkdir(exist_ok=True)
-    vtog.write_json(str(ctx.out / "vtog" / f"{fid}.json"))
+    vtog.write_json(str(ctx.out / "vtog" / f"{fid}.json"), run=ctx.run)
     case = {"case": label, "batch": batch, "id": fid, "workload": w.name, "description": w.description,
             "params": {**full_params, "size": cfg.workload.size}, "dtype": cfg.dtype,
             "graph": {k: gs[k] for k in ("tensors", "ops", "movement_ops", "compute_ops", "kernels",
@@ -406,7 +407,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             kernel_rows.append({"case": label, "batch": batch, "variant": f"vtc_{name}", "solver": name,
                                 "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r})
         (ctx.out / "strategies").mkdir(exist_ok=True)
-        s.write_json(str(ctx.out / "strategies" / f"{fid}_{name}.json"))
+        s.write_json(str(ctx.out / "strategies" / f"{fid}_{name}.json"), run=ctx.run)
         log(f"   {name:10s} predicted {ev.latency_s * 1e6:10.1f} us, {len(s.virtual)} virtual, "
             f"{len(s.eliminated_ops())} ops eliminated, {row['movement_kernels']} copies "
             f"({res.status}, {res.wall_s:.1f} s)")
@@ -608,8 +609,8 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                          f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
     log(f"vtcsearch run {cfg.name}: {cfg.description or cfg.workload.name} | device {device} | oracle "
         f"{ctx.oracle.name} | objective {cfg.objective}" + (" | quick" if quick else ""))
-    this_run = {"command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "machine": machine_info(device)}
+    ctx.run = this_run = {"command": command, "machine": machine_info(device),
+                          "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     summary = {
         "schema_version": SCHEMA_VERSION, "name": cfg.name, "description": cfg.description,
         "config_path": cfg.path, **this_run, "wall_s": None, "measured": ctx.measured,

@@ -315,9 +315,10 @@ class Strategy:
                 "residual_copies": [{"op": r.op, "dst": r.dst_tensor, "src": r.src_tensor,
                                      "elements": r.elements} for r in self.residuals]}
 
-    def write_json(self, path: str) -> None:
+    def write_json(self, path: str, run: dict[str, Any] | None = None) -> None:
+        """``run``: the command, machine and date of the run that wrote it, stored beside the data."""
         with open(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
+            json.dump({**self.to_json(), **({"written_by": run} if run else {})}, f, indent=1)
 
     @classmethod
     def from_json(cls, vtog: VTOG, data: dict[str, Any] | str) -> "Strategy":

@@ -117,9 +117,10 @@ class VTOG:
                             for o in self.options],
                 "conflicts": sorted([sorted(c) for c in self.conflicts])}
 
-    def write_json(self, path: str) -> None:
+    def write_json(self, path: str, run: dict[str, Any] | None = None) -> None:
+        """``run``: the command, machine and date of the run that wrote it, stored beside the data."""
         with open(path, "w") as f:
-            json.dump(self.to_json(), f, indent=1)
+            json.dump({**self.to_json(), **({"written_by": run} if run else {})}, f, indent=1)
 
     def write_graphml(self, path: str) -> None:
         g = nx.MultiDiGraph()
