@@ -13,7 +13,7 @@ A strategy's cost is a sum over *units*:
   the unit's maps, so residual semantics stay the core's.
 
 A unit's cost is a function of its **configuration**: the resolved
-:class:`~vtcsearch.mapping.IndexMap` of each tensor in ``unit.tensors``, nothing
+:class:`~vtcsearch.core.mapping.IndexMap` of each tensor in ``unit.tensors``, nothing
 else.  A kernel unit's tensors are its I/O tensors; a copy unit's are ``out_j``
 and its source, because the residual pieces of that part depend only on where
 those two tensors live (a scatter unit's: all the op's tensors).  This is what makes the ILP exact and polynomial: a
@@ -23,7 +23,7 @@ per pair of maps on both sides of its op.
 A tensor's resolved map is a function of its **resolution tree**: the option it
 takes and, recursively, the trees of the option's targets (``PHYS`` for a
 physical tensor).  Trees are interned as small integers.  Maps are composed
-exactly as :meth:`vtcsearch.strategy.Strategy.resolve` composes them (tests
+exactly as :meth:`vtcsearch.core.strategy.Strategy.resolve` composes them (tests
 check they are equal), so every oracle answers for the core's semantics.
 """
 from __future__ import annotations
@@ -37,16 +37,16 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from vtcsearch.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
-from vtcsearch.graph import TensorGraph, kernel_io
-from vtcsearch.mapping import IndexMap, Piece, contiguous_strides, region_size
-from vtcsearch.strategy import Strategy, StrategyError
+from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
+from vtcsearch.core.graph import TensorGraph, kernel_io
+from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size
+from vtcsearch.core.strategy import Strategy, StrategyError
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
-    from vtcsearch.mapping import _run_length
+    from vtcsearch.core.mapping import _run_length
 except ImportError:  # pragma: no cover
     _run_length = None
-from vtcsearch.vtog import VTOG, Edge
+from vtcsearch.core.vtog import VTOG, Edge
 
 PHYS = 0  # tree id of a physical tensor
 

@@ -14,8 +14,8 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from vtcsearch.strategy import Strategy
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.strategy import Strategy
+from vtcsearch.core.vtog import VTOG
 
 from .accounting import PHYS, Accounting, ImpossibleConfig, Unit, UnitSpec
 

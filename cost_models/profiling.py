@@ -12,7 +12,7 @@ configuration as infeasible (``inf``) rather than failing the search.
 Two timers, both real:
 
 * :class:`KernelTimer` (the default on a GPU) runs the unit exactly as
-  :func:`vtcsearch.realize.realize` would: the kernel group through its
+  :func:`vtcsearch.codegen.realize.realize` would: the kernel group through its
   lowering (the Triton templates reading and writing through the unit's maps,
   autotuned), a residual copy through the copy kernel; timed as CUDA-graph
   replays, so launch overhead is what a captured executable pays.
@@ -37,9 +37,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
 
-from vtcsearch.expr import evaluate
-from vtcsearch.lowering import substitute as _subst
-from vtcsearch.mapping import IndexMap, Piece
+from vtcsearch.core.expr import evaluate
+from vtcsearch.codegen.lowering import substitute as _subst
+from vtcsearch.core.mapping import IndexMap, Piece
 
 from .accounting import UnitSpec
 from .base import CostOracle, Objective, UnitCost
@@ -265,7 +265,7 @@ def random_tables(spec: UnitSpec, dev: torch.device, gen: torch.Generator) -> di
 # ---------------------------------------------------------------------------
 
 class KernelTimer:
-    """Times a unit through :mod:`vtcsearch.lowering` (kernels) or the copy kernel (residual copies)."""
+    """Times a unit through :mod:`vtcsearch.codegen.lowering` (kernels) or the copy kernel (residual copies)."""
 
     name = "vtc-kernels"
 
@@ -280,8 +280,8 @@ class KernelTimer:
 
     def prepare(self, spec: UnitSpec) -> Callable[[], Any]:
         """Storages with random data, the unit lowered onto them (compiled and autotuned): its launch."""
-        from vtcsearch.kernels import Operand, copy_pieces
-        from vtcsearch.lowering import Context, lower
+        from vtcsearch.codegen.kernels import Operand, copy_pieces
+        from vtcsearch.codegen.lowering import Context, lower
 
         if spec.graph is None:
             raise ValueError("the kernel timer needs UnitSpec.graph (specs come from Accounting.spec)")

@@ -21,13 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from vtcsearch.strategy import StrategyError
+from vtcsearch.core.strategy import StrategyError
 
-from vtcsearch.mapping import IndexMap
+from vtcsearch.core.mapping import IndexMap
 
 from .accounting import PHYS, Accounting, LocalStrategy
 from .base import CostOracle, Evaluation
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.vtog import VTOG
 
 
 @dataclass

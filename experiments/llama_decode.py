@@ -44,7 +44,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def strategies(vtog) -> dict[str, Any]:
     from cost_models import get_oracle
     from solvers import get_solver
-    from vtcsearch.strategy import Strategy
+    from vtcsearch.core.strategy import Strategy
     oracle = get_oracle("analytical", hardware="H200")
     return {"vtc_none": Strategy(vtog, []), "vtc_all": get_solver("ilp")(vtog, oracle).strategy}
 
@@ -93,9 +93,9 @@ def run_case(part: str, batch: int, args, log) -> tuple[list[dict], list[dict], 
     from cost_models import get_oracle
     from experiments.baselines import Variant, baseline_variants, run_variant
     from experiments.workloads import build_workload
-    from vtcsearch.capture import capture
-    from vtcsearch.realize import realize
-    from vtcsearch.vtog import build_vtog
+    from vtcsearch.core.capture import capture
+    from vtcsearch.codegen.realize import realize
+    from vtcsearch.core.vtog import build_vtog
 
     size = "tiny" if args.dry_run else "full"
     device = "cpu" if args.dry_run else "cuda"

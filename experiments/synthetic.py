@@ -7,7 +7,7 @@ Concat (YOLO's C3k2), GQA's unsqueeze + expand + reshape, slices, a constant
 Pad, channel-shuffle-like reshape/transpose/reshape, residual adds, and a
 KV-cache-like in-place buffer update followed by a slice.  The module is built
 on the ``meta`` device by default (no memory; shapes can be large) and
-captured with :func:`vtcsearch.capture.capture`, so the VTOG carries real ops,
+captured with :func:`vtcsearch.core.capture.capture`, so the VTOG carries real ops,
 maps and fx nodes: every oracle, the profiling one included, works on it.
 
     from experiments.synthetic import random_vtog
@@ -169,7 +169,7 @@ def random_program(cfg: SyntheticConfig, device: str | torch.device = "meta") ->
 
 
 def random_graph(cfg: SyntheticConfig, device: str | torch.device = "meta"):
-    from vtcsearch.capture import capture
+    from vtcsearch.core.capture import capture
     m, args = random_program(cfg, device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -179,7 +179,7 @@ def random_graph(cfg: SyntheticConfig, device: str | torch.device = "meta"):
 def random_vtog(n_motifs: int | None = None, seed: int = 0, target_nodes: int | None = None,
                 device: str | torch.device = "meta", **cfg_kw: Any):
     """A VTOG of a random program: ``n_motifs`` motifs, or enough for about ``target_nodes`` VTOG nodes."""
-    from vtcsearch.vtog import build_vtog
+    from vtcsearch.core.vtog import build_vtog
     if n_motifs is None:
         n_motifs = max(1, round((target_nodes or 30) / NODES_PER_MOTIF))
     cfg = SyntheticConfig(n_motifs=n_motifs, seed=seed, **cfg_kw)

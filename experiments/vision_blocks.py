@@ -132,7 +132,7 @@ def strategies(vtog) -> dict[str, Any]:
     """``vtc_none`` (every tensor physical) and ``vtc_ilp`` (the optimum under the analytical H200 model)."""
     from cost_models import get_oracle
     from solvers import get_solver
-    from vtcsearch.strategy import Strategy
+    from vtcsearch.core.strategy import Strategy
     oracle = get_oracle("analytical", hardware="H200")
     return {"vtc_none": Strategy(vtog, []), "vtc_ilp": get_solver("ilp")(vtog, oracle).strategy}
 
@@ -143,7 +143,7 @@ def max_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def realize_checked(graph, strategy, blk: Block, ref: list[torch.Tensor]) -> tuple[Any, dict[str, Any]]:
     """Realize, run once, compare with eager; the executable and what was found."""
-    from vtcsearch.realize import realize
+    from vtcsearch.codegen.realize import realize
     exe = realize(graph, strategy, blk.model)
     outs = [o.clone() for o in exe(*blk.inputs)]
     errs = [max_err(o, r) for o, r in zip(outs, ref)]
@@ -215,8 +215,8 @@ def conv_layers(graph, exes: dict[str, Any], blk: Block, batch: int) -> list[dic
 
 def run_case(name: str, batch: int, args: argparse.Namespace, log: Callable[[str], None],
              variants: Sequence[str]) -> tuple[list[dict], list[dict], dict]:
-    from vtcsearch.capture import capture
-    from vtcsearch.vtog import build_vtog
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
 
     size, device = ("tiny", "cpu") if args.dry_run else ("full", "cuda")
     torch.manual_seed(0)

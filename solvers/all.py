@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cost_models import CostOracle
 from cost_models.state import SearchState, greedy_repair
-from vtcsearch.vtog import TYPE_I, VTOG
+from vtcsearch.core.vtog import TYPE_I, VTOG
 
 from .base import Run, SolveResult, usable_options
 

@@ -16,8 +16,8 @@ from typing import Any, Iterable, Mapping
 from cost_models import CostOracle
 from cost_models.accounting import LocalStrategy
 from cost_models.state import SearchState
-from vtcsearch.strategy import Strategy, StrategyError
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.strategy import Strategy, StrategyError
+from vtcsearch.core.vtog import VTOG
 
 
 class SolverRefused(ValueError):

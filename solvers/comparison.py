@@ -20,7 +20,7 @@ import warnings
 from typing import Any, Callable, Iterable, Sequence
 
 from cost_models import CostOracle
-from vtcsearch.vtog import VTOG, build_vtog
+from vtcsearch.core.vtog import VTOG, build_vtog
 
 from . import get_solver
 from .base import SolveResult, SolverRefused
@@ -44,7 +44,7 @@ def workload_vtogs(size: str = "full", names: Iterable[str] | None = None) -> tu
         from experiments.workloads import build_workload
     except ImportError as e:
         return [], {"workloads": f"experiments.workloads not importable: {e}"}
-    from vtcsearch.capture import capture
+    from vtcsearch.core.capture import capture
     want = set(names) if names is not None else None
     for case, name, kw in WORKLOADS:
         if want is not None and case not in want:

@@ -14,8 +14,8 @@ import math
 from cost_models import CostOracle
 from cost_models.accounting import LocalStrategy
 from cost_models.state import SearchState
-from vtcsearch.strategy import StrategyError
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.strategy import StrategyError
+from vtcsearch.core.vtog import VTOG
 
 from .base import Run, SolveResult, SolverRefused, usable_options
 

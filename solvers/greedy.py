@@ -40,7 +40,7 @@ import math
 
 from cost_models import CostOracle
 from cost_models.state import SearchState
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.vtog import VTOG
 
 from .base import Run, SolveResult, penalized, usable_options
 

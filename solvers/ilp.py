@@ -51,8 +51,8 @@ from typing import Any
 
 from cost_models import CostOracle
 from cost_models.accounting import PHYS, LocalStrategy
-from vtcsearch.strategy import StrategyError
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.strategy import StrategyError
+from vtcsearch.core.vtog import VTOG
 
 from .base import Run, SolveResult
 
@@ -365,7 +365,7 @@ def _cap_configs(u, ks: list[list[str]], max_configs: int, wvar, m, info,
 
 
 def _copy_writable(acc, u, keys) -> bool:
-    from vtcsearch.mapping import IndexMap
+    from vtcsearch.core.mapping import IndexMap
     copies = acc.copies(u, keys)
     if copies is None:
         return False

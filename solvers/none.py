@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from cost_models import CostOracle
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.vtog import VTOG
 
 from .base import Run, SolveResult
 

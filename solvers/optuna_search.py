@@ -24,7 +24,7 @@ import optuna
 
 from cost_models import CostOracle
 from cost_models.state import SearchState, greedy_repair
-from vtcsearch.vtog import VTOG
+from vtcsearch.core.vtog import VTOG
 
 from .base import Run, SolveResult, usable_options
 

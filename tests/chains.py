@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vtcsearch import ops as registry
-from vtcsearch.capture import _bind
-from vtcsearch.mapping import IndexMap
-from vtcsearch.ops import Movement, OpCall, TensorArg
+from vtcsearch.core import ops as registry
+from vtcsearch.core.capture import _bind
+from vtcsearch.core.mapping import IndexMap
+from vtcsearch.core.ops import Movement, OpCall, TensorArg
 
 aten = torch.ops.aten
 MAX_NUMEL = 2048
@@ -267,7 +267,7 @@ def _flatten(a):
 
 def random_valid_strategy(vtog, rng: random.Random, p: float = 0.4):
     """A random valid strategy: options taken one at a time in random order, each kept only if still valid."""
-    from vtcsearch.strategy import Strategy
+    from vtcsearch.core.strategy import Strategy
     opts: list[int] = []
     for o in rng.sample(vtog.options, len(vtog.options)):
         if rng.random() < p and all(vtog.options[k].tensor != o.tensor for k in opts) and \

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 
 from experiments.workloads import build_workload
-from vtcsearch.capture import CaptureError, capture
-from vtcsearch.vtog import PARTIAL, TYPE_I, build_vtog
+from vtcsearch.core.capture import CaptureError, capture
+from vtcsearch.core.vtog import PARTIAL, TYPE_I, build_vtog
 
 
 @pytest.fixture(scope="module")

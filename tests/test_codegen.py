@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from chains import random_chain
-from vtcsearch.expr import sym
-from vtcsearch.mapping import AccessNames, IndexMap, Piece, contiguous_strides, index_vars
+from vtcsearch.core.expr import sym
+from vtcsearch.core.mapping import AccessNames, IndexMap, Piece, contiguous_strides, index_vars
 
 triton = pytest.importorskip("triton")
 

@@ -21,7 +21,7 @@ triton = pytest.importorskip("triton")
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 
-from vtcsearch.kernels import (ConvEpilogue, Operand, avg_pool2d, conv2d, global_avg_pool2d,  # noqa: E402
+from vtcsearch.codegen.kernels import (ConvEpilogue, Operand, avg_pool2d, conv2d, global_avg_pool2d,  # noqa: E402
                                max_pool2d, upsample_nearest2d)
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
@@ -179,7 +179,7 @@ def test_conv_forced_algorithm(algo, geo):
                          ids=lambda g: "-".join(map(str, g)))
 def test_conv_channel_major_k_order(geo, monkeypatch):
     """The GPU also times K laid out (channel, tap), contiguous in OIHW weights: check it here."""
-    from vtcsearch.kernels import conv as conv_mod
+    from vtcsearch.codegen.kernels import conv as conv_mod
     cfg = {"BM": 32, "BN": 16, "BK": 16, "GROUP_M": 8, "ORDER": 1, "num_warps": 4, "num_stages": 1}
     monkeypatch.setattr(conv_mod, "_gemm_configs", lambda *a: [cfg])
     cin, cout, k, s, p, d, g = geo
@@ -280,7 +280,7 @@ def test_conv_1x1_reads_channel_concat_per_block():
 def test_conv_k_loop_through_pieces_is_not_pipelined(kind, monkeypatch):
     """A K loop reading x through a piecewise map runs with num_stages=1 (pipelined, Triton 3.6 on the
     H200 got ~0.1% of YOLO11s C3k2 outputs wrong); dense operands keep their pipelined configurations."""
-    import vtcsearch.kernels.conv as conv_mod
+    import vtcsearch.codegen.kernels.conv as conv_mod
     monkeypatch.setattr(conv_mod, "_gemm_configs", lambda *a: [
         {"BM": 64, "BN": 16, "BK": 16, "GROUP_M": 8, "ORDER": 0, "num_warps": 4, "num_stages": 3}])
     x, xr = read_x(kind, 1, 48, 4, 5)

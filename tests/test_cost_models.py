@@ -17,17 +17,17 @@ from cost_models.accounting import PHYS, LocalStrategy, TrafficModel  # noqa: E4
 from cost_models.profiling import ProfilingOracle  # noqa: E402
 from cost_models.recorded import MissingMeasurement, RecordedOracle  # noqa: E402
 from experiments.synthetic import random_vtog  # noqa: E402
-from vtcsearch.expr import var  # noqa: E402
-from vtcsearch.mapping import IndexMap  # noqa: E402
-from vtcsearch.strategy import Strategy, StrategyError  # noqa: E402
-from vtcsearch.vtog import build_vtog  # noqa: E402
+from vtcsearch.core.expr import var  # noqa: E402
+from vtcsearch.core.mapping import IndexMap  # noqa: E402
+from vtcsearch.core.strategy import Strategy, StrategyError  # noqa: E402
+from vtcsearch.core.vtog import build_vtog  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
 
 def _llama_vtog(part: str = "attention"):
     wl = pytest.importorskip("experiments.workloads")
-    from vtcsearch.capture import capture
+    from vtcsearch.core.capture import capture
     w = wl.build_workload("llama3", size="tiny", part=part)
     return build_vtog(capture(w.model, w.example_inputs))
 
@@ -108,7 +108,7 @@ def test_expand_read_counts_distinct_bytes():
 
 def test_gather_maps_are_costed():
     """A map through a runtime index tensor (Gather, paged caches) gets finite traffic and index overhead."""
-    from vtcsearch.expr import lookup
+    from vtcsearch.core.expr import lookup
     i = [var(f"i{k}") for k in range(2)]
     m = IndexMap.single((64, 128), "w", (1000, 128), [lookup("ids", [i[0]], 0, 999), i[1]])
     t = TrafficModel().access(m, 2, {"w": (128, 1)})
@@ -269,7 +269,7 @@ def test_kernel_timer_times_each_unit_as_realize_runs_it(tmp_path):
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("needs a GPU or Triton's interpreter")
     wl = pytest.importorskip("experiments.workloads")
-    from vtcsearch.capture import capture
+    from vtcsearch.core.capture import capture
     w = wl.build_workload("llama3", size="tiny", part="attention", dtype=torch.bfloat16)
     v = build_vtog(capture(w.model, w.example_inputs))
     timer = KernelTimer(repeats=1, warmup=0, launches_per_graph=1)     # on the GPU when there is one

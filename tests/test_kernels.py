@@ -17,8 +17,8 @@ import os
 import pytest
 import torch
 
-from vtcsearch.expr import lookup, sym
-from vtcsearch.mapping import IndexMap, Piece, index_vars
+from vtcsearch.core.expr import lookup, sym
+from vtcsearch.core.mapping import IndexMap, Piece, index_vars
 
 triton = pytest.importorskip("triton")
 # the interpreter evaluates sigmoid/exp in NumPy, which warns on overflow to inf (the right answer)
@@ -26,9 +26,9 @@ triton = pytest.importorskip("triton")
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning"),
               pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")]
 
-from vtcsearch.kernels import (Epilogue, Operand, Rope, attention, copy, copy_pieces, gemm,  # noqa: E402
+from vtcsearch.codegen.kernels import (Epilogue, Operand, Rope, attention, copy, copy_pieces, gemm,  # noqa: E402
                                kv_group, layernorm, pointwise, rmsnorm, softmax)
-from vtcsearch.kernels.vio import IO  # noqa: E402
+from vtcsearch.codegen.kernels.vio import IO  # noqa: E402
 
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEV = "cuda" if GPU else "cpu"
@@ -682,7 +682,7 @@ def test_softmax_through_a_pad_map_with_minus_inf_border_and_1d():
 
 
 def test_plans_are_cached():
-    from vtcsearch.kernels import vio
+    from vtcsearch.codegen.kernels import vio
     a, _ = read_op("identity", (16, 32), 16)
     b, _ = linear_weight(32, 32)
     p1 = gemm(a, b, write_op("identity", (16, 32), 16))

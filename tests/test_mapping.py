@@ -3,8 +3,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from chains import random_chain
-from vtcsearch.expr import Expr, simplify, sym, var
-from vtcsearch.mapping import IndexMap, Piece, index_vars
+from vtcsearch.core.expr import Expr, simplify, sym, var
+from vtcsearch.core.mapping import IndexMap, Piece, index_vars
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck))
@@ -95,7 +95,7 @@ def test_restrict_and_retarget():
 def test_run_length_of_a_gather_needs_no_index_values():
     """A gather's rows (``table[i0]``) are contiguous along the row: the run is measured without the table
     (building a VTOG has no index tensor values; EfficientViT's bicubic resize gathers rows)."""
-    from vtcsearch.expr import lookup
+    from vtcsearch.core.expr import lookup
     i0, i1 = index_vars(2)
     m = IndexMap.single((5, 16), "x", (100, 16), [lookup("idx", [i0], 0, 99), i1])
     assert m.run_length() == 16

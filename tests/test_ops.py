@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from chains import call_rule
-from vtcsearch import ops as registry
+from vtcsearch.core import ops as registry
 
 aten = torch.ops.aten
 torch.manual_seed(0)
@@ -94,8 +94,8 @@ def test_rules_decline_what_is_not_data_movement():
 
 
 def call_rule_or_none(target, args, out, **kwargs):
-    from vtcsearch.capture import _bind
-    from vtcsearch.ops import OpCall, TensorArg
+    from vtcsearch.core.capture import _bind
+    from vtcsearch.core.ops import OpCall, TensorArg
     inputs = []
 
     def conv(a):

@@ -19,10 +19,10 @@ from chains import random_valid_strategy
 from cost_models import get_oracle
 from experiments.workloads import build_workload
 from solvers import get_solver
-from vtcsearch.capture import capture
-from vtcsearch.realize import realize
-from vtcsearch.strategy import Strategy
-from vtcsearch.vtog import build_vtog
+from vtcsearch.core.capture import capture
+from vtcsearch.codegen.realize import realize
+from vtcsearch.core.strategy import Strategy
+from vtcsearch.core.vtog import build_vtog
 
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -211,7 +211,7 @@ def test_llama_layer_with_rmsnorm_and_ffn():
 
 def test_realize_refuses_an_invalid_strategy(llama):
     w, g, v = llama
-    from vtcsearch.strategy import StrategyError
+    from vtcsearch.core.strategy import StrategyError
     cand = next(o for o in v.options if len(v.options_of(o.tensor)) > 1)
     other = next(o for o in v.options_of(cand.tensor) if o.id != cand.id)
     with pytest.raises(StrategyError):

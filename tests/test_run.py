@@ -310,11 +310,11 @@ def test_compile_tiny_llama_block_equals_eager_with_kv_cache():
 
 
 def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
-    import vtcsearch.vtog
+    import vtcsearch.core.vtog
 
     def broken(graph):
         raise KeyError("no index tensor 'clamp_1' for an indirect map")
-    monkeypatch.setattr(vtcsearch.vtog, "build_vtog", broken)
+    monkeypatch.setattr(vtcsearch.core.vtog, "build_vtog", broken)
     out = tmp_path / "o"
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]) == 1
     s = json.loads((out / "summary.json").read_text())

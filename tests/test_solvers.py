@@ -17,7 +17,7 @@ from cost_models import AnalyticalOracle, CostOracle, Objective, UnitCost  # noq
 from cost_models.profiling import ProfilingOracle  # noqa: E402
 from experiments.synthetic import random_vtog, small_vtogs  # noqa: E402
 from solvers import SOLVERS, SolverRefused, get_solver  # noqa: E402
-from vtcsearch.vtog import TYPE_I, build_vtog  # noqa: E402
+from vtcsearch.core.vtog import TYPE_I, build_vtog  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -41,7 +41,7 @@ def workload_vtogs():
         from experiments.workloads import build_workload
     except ImportError:
         return []
-    from vtcsearch.capture import capture
+    from vtcsearch.core.capture import capture
     out = []
     for name, kw in [("llama3", dict(part="attention")), ("gemma2", dict(part="attention")), ("shufflenet", {})]:
         try:

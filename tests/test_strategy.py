@@ -9,11 +9,11 @@ from torch import nn
 from chains import random_valid_strategy
 
 from experiments.workloads import build_workload
-from vtcsearch.capture import capture
-from vtcsearch.interpret import StrategyInterpreter
-from vtcsearch.mapping import IndexMap, index_vars
-from vtcsearch.strategy import Strategy, StrategyError
-from vtcsearch.vtog import _add_edge, build_vtog
+from vtcsearch.core.capture import capture
+from vtcsearch.core.interpret import StrategyInterpreter
+from vtcsearch.core.mapping import IndexMap, index_vars
+from vtcsearch.core.strategy import Strategy, StrategyError
+from vtcsearch.core.vtog import _add_edge, build_vtog
 
 
 def _option(v, tensor, op=None, kind=None):

@@ -21,11 +21,11 @@ from experiments.vision_blocks import BLOCKS, Block, block_input
 from experiments.vision_blocks import main as vision_blocks_main
 from experiments.workloads import build_workload
 from solvers import get_solver
-from vtcsearch.capture import capture
-from vtcsearch.graph import TensorGraph
-from vtcsearch.realize import Executable, realize
-from vtcsearch.strategy import Strategy
-from vtcsearch.vtog import VTOG, build_vtog
+from vtcsearch.core.capture import capture
+from vtcsearch.core.graph import TensorGraph
+from vtcsearch.codegen.realize import Executable, realize
+from vtcsearch.core.strategy import Strategy
+from vtcsearch.core.vtog import VTOG, build_vtog
 
 pytest.importorskip("triton")
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -22,7 +22,7 @@ re-exporting it would (a) make every weight a per-call user input that the
 executable copies into its own storage on each call, and (b) turn an in-place
 KV-cache update into a mutation of a user input, which torch 2.13's
 ``torch.export`` of that GraphModule does not report as an output (checked:
-only ``USER_OUTPUT`` specs come back), so :mod:`vtcsearch.capture` could not see
+only ``USER_OUTPUT`` specs come back), so :mod:`vtcsearch.core.capture` could not see
 the write and the cache would silently stay stale.  Add guards, graph breaks and
 recompiles across torch 2.11 and 2.13, and a backend is not simple and robust;
 ``compile`` captures the whole module with ``torch.export`` instead, where
@@ -146,9 +146,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
 
     from solvers import get_solver
 
-    from .capture import capture
-    from .realize import realize
-    from .vtog import build_vtog
+    from .core.capture import capture
+    from .codegen.realize import realize
+    from .core.vtog import build_vtog
 
     search = get_solver(solver)
     model.eval()

@@ -10,7 +10,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
 
 if TYPE_CHECKING:
-    from .vtog import VTOG
+    from .core.vtog import VTOG
 
 CLASS_COLOURS = {"I": "tab:green", "partial": "tab:blue", "II": "tab:orange"}
 

@@ -70,11 +70,11 @@ NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", 
 # small helpers
 # ---------------------------------------------------------------------------
 def ensure_interpreter() -> None:
-    """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.kernels is imported."""
+    """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.codegen.kernels is imported."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
-    if "vtcsearch.kernels" in sys.modules:
-        raise RuntimeError("vtcsearch.kernels was imported without TRITON_INTERPRET=1: set it in the "
+    if "vtcsearch.codegen.kernels" in sys.modules:
+        raise RuntimeError("vtcsearch.codegen.kernels was imported without TRITON_INTERPRET=1: set it in the "
                            "environment to realize on the CPU")
     os.environ["TRITON_INTERPRET"] = "1"
 
@@ -243,8 +243,8 @@ class NumericsCopy:
                  workload=None, graph=None, vtog=None):
         import torch
         from experiments.workloads import build_workload
-        from vtcsearch.capture import capture
-        from vtcsearch.vtog import build_vtog
+        from vtcsearch.core.capture import capture
+        from vtcsearch.core.vtog import build_vtog
         self.ctx, self.size, self.batch, self.dtype = ctx, size, batch, dtype
         if workload is None:
             torch.manual_seed(ctx.cfg.seed)
@@ -271,7 +271,7 @@ class NumericsCopy:
     def check_exe(self, solver: str, strategy, exe=None) -> dict[str, Any]:
         """Run ``strategy`` (realizing it unless ``exe`` is given) and compare with eager."""
         import torch
-        from vtcsearch.realize import realize
+        from vtcsearch.codegen.realize import realize
         rec: dict[str, Any] = {"solver": solver, "size": self.size, "batch": self.batch,
                                "dtype": str(self.dtype).replace("torch.", "")}
         key = frozenset(strategy.edges)
@@ -336,8 +336,8 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     """One (case, batch): returns the case record and its summary rows."""
     import torch
     from experiments.workloads import build_workload
-    from vtcsearch.capture import capture
-    from vtcsearch.vtog import build_vtog
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
 
     cfg, log = ctx.cfg, ctx.log
     label = case_label(params, cfg.workload.name)
@@ -480,7 +480,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     """Realize each strategy at full size and time it beside the baselines, in this process; check numerics."""
     import torch
     from experiments.baselines import Variant, baseline_variants, run_variant
-    from vtcsearch.realize import realize
+    from vtcsearch.codegen.realize import realize
 
     cfg, log = ctx.cfg, ctx.log
     copy = NumericsCopy(ctx, {}, batch, size=cfg.workload.size, dtype=w.dtype, device="cuda",
@@ -758,7 +758,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if device == "cpu":
         try:
-            ensure_interpreter()    # before anything imports vtcsearch.kernels
+            ensure_interpreter()    # before anything imports vtcsearch.codegen.kernels
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from ..expr import simplify, var
+from ...core.expr import simplify, var
 from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
     render, tl_dtype
 

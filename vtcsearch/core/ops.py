@@ -14,7 +14,7 @@ output element comes from.  An entry maps one ATen call to a :class:`Movement`:
   storage (a KV-cache update done in place).
 
 Profitability (Type I / partially contiguous / Type II) is computed from the
-maps by :mod:`vtcsearch.vtog`, so an entry states semantics only.  Adding an op
+maps by :mod:`vtcsearch.core.vtog`, so an entry states semantics only.  Adding an op
 is one function here plus a test; solvers and kernels never change.
 A rule returns ``None`` when a particular call is not pure data movement (a
 dtype-changing copy, an accumulating index_put): the op is then compute.

@@ -1,8 +1,8 @@
 """TensorGraph: the captured program as tensors and ops, each op either compute or data movement.
 
-This is the compiler's view of a model after capture (:mod:`vtcsearch.capture`):
+This is the compiler's view of a model after capture (:mod:`vtcsearch.core.capture`):
 every tensor with its shape, dtype, strides and size; every op classified by the
-movement registry (:mod:`vtcsearch.ops`) as data movement or compute; compute ops
+movement registry (:mod:`vtcsearch.core.ops`) as data movement or compute; compute ops
 grouped into kernels the way a fusing compiler would (pointwise ops join the
 kernel that produces their input).  Graph inputs and outputs, parameters and
 mutated buffers (a KV cache) are marked, since they must stay physical.
@@ -148,7 +148,7 @@ class TensorGraph:
         return kernel_io(self, self.kernels()[kernel])
 
     def fuse(self) -> None:
-        """Group ops into kernels (:mod:`vtcsearch.fusion`) and order the kernels."""
+        """Group ops into kernels (:mod:`vtcsearch.core.fusion`) and order the kernels."""
         from .fusion import fuse, schedule
         for o in self.ops.values():
             o.kernel = None

@@ -1,6 +1,6 @@
 """Triton helper functions the generated kernels may call (imported into every generated module).
 
-Pointwise expressions given to :func:`vtcsearch.kernels.pointwise` may use them too,
+Pointwise expressions given to :func:`vtcsearch.codegen.kernels.pointwise` may use them too,
 e.g. ``"vtc_silu(x0) * x1"``.
 """
 import triton

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ..mapping import index_vars
+from ...core.mapping import index_vars
 from .conv import join, out_size, pair, pixel_lines
 from .copy import copy
 from .vio import IO, Operand, Plan, compile_source, const_code, interpreting, key_of, next_pow2, plan_cache, \
@@ -199,7 +199,7 @@ def global_avg_pool2d(x: Operand, out: Operand) -> Plan:
 def upsample_nearest2d(x: Operand, out: Operand, scale: int | Sequence[int]) -> Plan:
     """``out = interpolate(x, scale_factor=scale, mode="nearest")`` for integer scales, bit-exact.
 
-    Nearest upsampling moves data only: it is :func:`~vtcsearch.kernels.copy.copy` from
+    Nearest upsampling moves data only: it is :func:`~vtcsearch.codegen.kernels.copy.copy` from
     the virtual tensor ``x[n, c, h // sh, w // sw]`` (which a consumer could equally read
     directly, eliminating the op).
     """

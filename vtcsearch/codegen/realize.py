@@ -4,10 +4,10 @@ Every physical tensor gets a storage (parameters and buffers are the module's
 own tensors, so a KV cache is updated in place; user inputs get static buffers
 the call copies into; intermediates are allocated once, lazily, so a tensor
 that lives only inside a fused kernel never gets memory).  Every virtual
-tensor is an :class:`~vtcsearch.kernels.Operand` over those storages.  Then the
-graph's steps (:mod:`vtcsearch.fusion`) become launches:
+tensor is an :class:`~vtcsearch.codegen.kernels.Operand` over those storages.  Then the
+graph's steps (:mod:`vtcsearch.core.fusion`) become launches:
 
-* a kernel group -> its lowering (:mod:`vtcsearch.lowering`): Triton templates
+* a kernel group -> its lowering (:mod:`vtcsearch.codegen.lowering`): Triton templates
   whose loads and stores go through the operands' maps, or its ATen ops when no
   template fits;
 * a movement op -> the copy kernels of its residual copies (none when the
@@ -29,11 +29,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .graph import TensorGraph
+from ..core.graph import TensorGraph
 from .kernels import Operand, copy_pieces
 from .kernels.vio import interpreting
 from .lowering import Context, Launch, lower
-from .strategy import Strategy
+from ..core.strategy import Strategy
 
 __all__ = ["Executable", "Step", "realize", "state_from_module"]
 

@@ -14,7 +14,7 @@ the epilogue is, in this order::
     y = expr(y, x0, x1, ...)     any elementwise code (a fused region, e.g. BatchNorm + SiLU + add)
 
 Two algorithms, both with the loads (stage 1) and stores (stage 3) in
-:class:`~vtcsearch.kernels.vio.IO`:
+:class:`~vtcsearch.codegen.kernels.vio.IO`:
 
 * ``gemm`` (the default) — an implicit GEMM per group: rows ``M = N*OH*OW`` output
   pixels, columns the group's ``Cout/groups`` output channels, reduction
@@ -47,7 +47,7 @@ class ConvEpilogue:
     """What a conv kernel applies to its fp32 accumulator before storing (see the module docstring).
 
     ``lines`` / ``expr`` / ``operands``: a general elementwise epilogue, as in
-    :class:`~vtcsearch.kernels.gemm.Epilogue` (what :func:`vtcsearch.elementwise.compile_region`
+    :class:`~vtcsearch.codegen.kernels.gemm.Epilogue` (what :func:`vtcsearch.codegen.elementwise.compile_region`
     produces): ``lines`` set temporaries, then ``y = expr``; operand ``k`` (broadcastable to
     ``out``) is loaded as ``x<k>`` at the output tile, and ``{iK}`` is the index of output dim ``K``.
     """

@@ -1,9 +1,9 @@
 """Triton kernel templates with virtual-tensor I/O.
 
-Every template takes :class:`Operand` s — a resolved :class:`~vtcsearch.mapping.IndexMap`
+Every template takes :class:`Operand` s — a resolved :class:`~vtcsearch.core.mapping.IndexMap`
 plus the physical storages it lands in (and runtime scalars / index tensors) — and
 launches a kernel whose stage 1 (loads) and stage 3 (stores) go through the maps,
-via the one I/O layer :mod:`vtcsearch.kernels.vio`; stage 2 (the math) is the usual
+via the one I/O layer :mod:`vtcsearch.codegen.kernels.vio`; stage 2 (the math) is the usual
 kernel.  A physical tensor is ``Operand.dense(t)``; views compose maps
 (``op.permute``, ``op.transpose``, ``op.reshape``, ``op.broadcast_to``, ``op.narrow``,
 ``op.sub``, ``Operand.cat``, ``op.view(shape, index_exprs, syms=, tables=)``).
@@ -18,7 +18,7 @@ predicates) — are there for inspection):
     ``Epilogue(scale=1.0, bias=None, activation=None, rope=None, residual=None, lines=(),
     expr=None, operands=())`` with ``Rope(cos, sin, head_dim, cols=None)`` (interleaved
     pairs, cos/sin operands over [M, head_dim // 2]); ``lines``/``expr``/``operands`` are a
-    general elementwise epilogue (a fused region from :mod:`vtcsearch.elementwise`).
+    general elementwise epilogue (a fused region from :mod:`vtcsearch.codegen.elementwise`).
 ``attention(q, k, v, out, *, scale=None, causal=False, window=None, softcap=None, kv_len=None, group=None, num_splits=None)``
     ``q`` [B, Hq, Sq, D], ``k``/``v`` [B, Hk, Skv, D] (Hk | Hq, or Hk == Hq with a
     repeat_kv map whose group is detected), ``out`` [B, Hq, Sq, Dv].  FlashDecoding
@@ -46,7 +46,7 @@ predicates) — are there for inspection):
     the residual copy of a data movement op: ``dst[i] = src[i]`` over ``dst``'s
     coverage, dtype kept (bit-exact); ``src`` may be a number (a fill).
     ``copy_pieces(domain, pairs, tensors, syms=None, tables=None)`` runs a
-    :class:`~vtcsearch.strategy.ResidualCopy`'s ``(dst piece, src piece)`` pairs.
+    :class:`~vtcsearch.core.strategy.ResidualCopy`'s ``(dst piece, src piece)`` pairs.
 
 Tile configurations: on a GPU a few per template are timed once per key (operand
 signatures + options) and the best cached (``VTC_AUTOTUNE=0`` disables this and

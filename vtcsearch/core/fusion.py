@@ -1,7 +1,7 @@
 """Fusion: which ops one compute kernel runs, and in which order kernels run.
 
 A compiler launches one kernel per *group* of ops, not one per ATen op.  The
-groups here are the ones the kernel templates of :mod:`vtcsearch.kernels` can
+groups here are the ones the kernel templates of :mod:`vtcsearch.codegen.kernels` can
 run, found in this order:
 
 ``attention``
@@ -300,7 +300,7 @@ def _regions(g: "TensorGraph", free: set[str]) -> list[list[str]]:
 
 
 def region_outputs(g: "TensorGraph", ops: Iterable[str]) -> list[str]:
-    """What a group of ops must write to memory (:func:`vtcsearch.graph.kernel_io`'s outputs)."""
+    """What a group of ops must write to memory (:func:`vtcsearch.core.graph.kernel_io`'s outputs)."""
     from .graph import kernel_io
     return kernel_io(g, list(ops))[1]
 

@@ -47,7 +47,7 @@ class Epilogue:
     """What happens to the fp32 accumulator ``y`` before the store (see the module docstring).
 
     ``lines`` / ``expr`` / ``operands``: a general elementwise epilogue (what
-    :func:`vtcsearch.elementwise.compile_region` produces): ``lines`` set temporaries,
+    :func:`vtcsearch.codegen.elementwise.compile_region` produces): ``lines`` set temporaries,
     then ``y = expr``; operand ``k`` is loaded as ``x<k>`` at the output tile, and
     ``{iK}`` is the index of output dim ``K``.
     """

@@ -5,7 +5,7 @@ its map) over their common index space, keeping the dtype (bit-exact for equal
 dtypes, int64 included); ``src`` may be a number (a constant fill).  Lanes that
 ``dst``'s map does not cover are not written, so a partial ``dst`` map copies only
 its pieces.  :func:`copy_pieces` runs the ``(dst piece, src piece)`` pairs of a
-:class:`vtcsearch.strategy.ResidualCopy` directly.
+:class:`vtcsearch.core.strategy.ResidualCopy` directly.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ..mapping import IndexMap, Piece
+from ...core.mapping import IndexMap, Piece
 from .pointwise import _as_nd, tile_config
 from .vio import IO, Operand, Plan, compile_source, const_code, elementwise_tiling, interpreting, key_of, \
     plan_cache, render, tl_dtype

@@ -16,7 +16,7 @@ gives eager's bits wherever Triton's arithmetic is correctly rounded.
 
 :func:`compile_region` returns the code as text with ``{iK}`` placeholders for
 the index of iteration dim ``K`` and ``x<n>`` for leaf ``n``; the templates
-(:func:`vtcsearch.kernels.pointwise`, the GEMM epilogue) substitute their own names.
+(:func:`vtcsearch.codegen.kernels.pointwise`, the GEMM epilogue) substitute their own names.
 Adding an op is one entry in :data:`POINTWISE` (and, for arguments that do not
 broadcast along the trailing dims, such as BatchNorm's per-channel parameters,
 one in :data:`ARG_DIMS`).
@@ -29,13 +29,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
-from .expr import Expr, TritonNames, bounds, simplify, to_triton
+from ..core.expr import Expr, TritonNames, bounds, simplify, to_triton
 from .kernels.vio import downcast
-from .mapping import index_vars
-from .ops import reshape_index
+from ..core.mapping import index_vars
+from ..core.ops import reshape_index
 
 if TYPE_CHECKING:
-    from .graph import TensorGraph
+    from ..core.graph import TensorGraph
 
 aten = torch.ops.aten
 

@@ -135,7 +135,7 @@ class VTOG:
 
     def draw(self, path: str, chosen: Iterable[int] | None = None, title: str = "") -> None:
         """Picture of the VTOG; with ``chosen``, the points-to graph drawn bold over it."""
-        from .plotting import draw_vtog
+        from ..plotting import draw_vtog
         draw_vtog(self, path, set(chosen) if chosen is not None else None, title)
 
 

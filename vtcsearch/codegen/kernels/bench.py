@@ -1,6 +1,6 @@
 """Micro-benchmarks of the templates at Llama 3 8B decode sizes (GPU only).
 
-``python -m vtcsearch.kernels.bench [--batch 1 16]`` prints, per kernel, the median
+``python -m vtcsearch.codegen.kernels.bench [--batch 1 16]`` prints, per kernel, the median
 time (``triton.testing.do_bench``), the bytes it must move and the bandwidth that
 implies, next to a plain PyTorch baseline of the same math on physical tensors.
 """
@@ -29,8 +29,8 @@ def _bench(fn) -> float:
 
 
 def run(batch: int) -> list[tuple]:
-    from ..expr import sym
-    from ..mapping import index_vars
+    from ...core.expr import sym
+    from ...core.mapping import index_vars
     from . import Epilogue, Operand, Rope, attention, gemm, rmsnorm
     dev, bf = "cuda", torch.bfloat16
     HQ, HKV, D, S, H = 32, 8, 128, 4097, 4096

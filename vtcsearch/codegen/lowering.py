@@ -2,8 +2,8 @@
 
 One decorated function per group kind (as TorchInductor registers one lowering
 per op).  A lowering receives a :class:`Context` that turns any graph tensor
-into a :class:`~vtcsearch.kernels.Operand` (its resolved map over the
-strategy's physical storages) and calls templates of :mod:`vtcsearch.kernels`;
+into a :class:`~vtcsearch.codegen.kernels.Operand` (its resolved map over the
+strategy's physical storages) and calls templates of :mod:`vtcsearch.codegen.kernels`;
 it never writes address arithmetic itself.  Calling a template compiles,
 autotunes and launches it once; the lowering returns the :class:`Launch` that
 replays exactly those kernels with the same arguments.
@@ -20,15 +20,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from .elementwise import Unsupported, compile_region, round_to
-from .fusion import ATTENTION, CONV, ELEMENTWISE, MATMUL, RMSNORM, Group, region_outputs
-from .graph import kernel_io
+from ..core.fusion import ATTENTION, CONV, ELEMENTWISE, MATMUL, RMSNORM, Group, region_outputs
+from ..core.graph import kernel_io
 from .kernels import (ConvEpilogue, Epilogue, Operand, attention, avg_pool2d, conv2d, copy, gemm,
                       global_avg_pool2d, max_pool2d, pointwise, rmsnorm, softmax)
 from .kernels.conv import out_size
 from .kernels.vio import Plan
 
 if TYPE_CHECKING:
-    from .graph import OpNode, TensorGraph
+    from ..core.graph import OpNode, TensorGraph
 
 aten = torch.ops.aten
 
