@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cost_models import CostOracle
 from cost_models.state import SearchState, greedy_repair
-from vtcsearch.core.vtog import TYPE_I, VTOG
+from vtcsearch.core.vtog import VTOG, EdgeClass
 
 from .base import Run, SolveResult, usable_options
 
@@ -17,7 +17,7 @@ NAME = "all"
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int = 0,
-          classes: tuple[str, ...] = (TYPE_I,)) -> SolveResult:
+          classes: tuple[EdgeClass, ...] = (EdgeClass.TYPE_I,)) -> SolveResult:
     run = Run(NAME, vtog, oracle)
     state = SearchState(oracle, vtog)
     order = {t: k for k, t in enumerate(vtog.graph.tensors)}

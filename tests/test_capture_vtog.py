@@ -7,7 +7,8 @@ from torch import nn
 
 from experiments.workloads import build_workload
 from vtcsearch.core.capture import CaptureError, capture
-from vtcsearch.core.vtog import PARTIAL, TYPE_I, build_vtog
+from vtcsearch.core.vtog import EdgeClass, build_vtog
+from vtcsearch.plotting import draw_vtog
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ def test_vtog_holds_the_papers_edges(llama_block):
         e = [e for e in v.out_edges(out) if e.dst == qkv and e.kind == "output_over_input"]
         # at batch 1 each piece is one contiguous slab of the GEMM output (its own layout
         # shifted): Type I; with more rows it is 1024-wide runs of bf16 (partially contiguous)
-        assert len(e) == 1 and e[0].cls == TYPE_I
+        assert len(e) == 1 and e[0].cls == EdgeClass.TYPE_I
         assert any(e.src == qkv and e.dst == out for e in v.in_edges(out))
     # the new K/V rows may be virtual over the cache: updates -> scatter output -> cache (in place)
     scatters = [o for o in g.movement_ops() if o.movement_op.onnx == "ScatterND"]
@@ -65,7 +66,7 @@ def test_vtog_holds_the_papers_edges(llama_block):
         assert g.tensors[data].kind == "buffer"
         assert any(e.dst == out and e.kind == "input_over_output" for e in v.out_edges(updates))
         inplace = [e for e in v.out_edges(out) if e.dst == data and e.kind == "inplace"]
-        assert len(inplace) == 1 and inplace[0].cls == TYPE_I
+        assert len(inplace) == 1 and inplace[0].cls == EdgeClass.TYPE_I
         # the expanded keys/values (GQA repeat_kv) reach the cache through Slice/Unsqueeze/Expand edges
         chain = _chain_ops(g, out, {"slice_", "alias", "identity", "unsqueeze", "expand"})
         expanded = chain[-1]
@@ -97,9 +98,12 @@ def test_exports(llama_block, tmp_path):
     v.write_json(tmp_path / "vtog.json")
     data = json.loads((tmp_path / "vtog.json").read_text())
     assert len(data["edges"]) == len(v.edges) and data["conflicts"]
+    # the edge class is an enum in memory and its plain value in the JSON
+    assert all(type(e.cls) is EdgeClass for e in v.edges)
+    assert {d["class"] for d in data["edges"]} <= {"I", "partial", "II"}
     v.write_graphml(str(tmp_path / "vtog.graphml"))
     assert (tmp_path / "vtog.graphml").stat().st_size > 1000
-    v.draw(str(tmp_path / "vtog.png"), chosen=[o for o in v.options[0].edges], title="llama block")
+    draw_vtog(v, str(tmp_path / "vtog.png"), chosen=[o for o in v.options[0].edges], title="llama block")
     assert (tmp_path / "vtog.png").stat().st_size > 10_000
 
 

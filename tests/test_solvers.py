@@ -17,7 +17,7 @@ from cost_models import AnalyticalOracle, CostOracle, Objective, UnitCost  # noq
 from cost_models.profiling import ProfilingOracle  # noqa: E402
 from experiments.synthetic import random_vtog, small_vtogs  # noqa: E402
 from solvers import SOLVERS, SolverRefused, get_solver  # noqa: E402
-from vtcsearch.core.vtog import TYPE_I, build_vtog  # noqa: E402
+from vtcsearch.core.vtog import EdgeClass, build_vtog  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -150,7 +150,7 @@ def test_every_solver_valid_everywhere(exact_vtogs, workload_vtogs):
                 base = r.objective
                 assert not r.strategy.virtual
             if name == "all":
-                assert all(e.cls == TYPE_I for es in r.strategy.chosen.values() for e in es)
+                assert all(e.cls == EdgeClass.TYPE_I for es in r.strategy.chosen.values() for e in es)
             if name in ("ilp", "exhaustive"):
                 assert r.objective <= base + _tol(base), (label, name)
 

@@ -1,7 +1,7 @@
 """Pictures of a VTOG and of a points-to graph (matplotlib, headless)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import matplotlib
 
@@ -15,8 +15,9 @@ if TYPE_CHECKING:
 CLASS_COLOURS = {"I": "tab:green", "partial": "tab:blue", "II": "tab:orange"}
 
 
-def draw_vtog(v: "VTOG", path: str, chosen: set[int] | None = None, title: str = "") -> None:
-    """Tensors left to right in program order; edges coloured by class, chosen ones bold."""
+def draw_vtog(v: "VTOG", path: str, chosen: Iterable[int] | None = None, title: str | None = None) -> None:
+    """Tensors left to right in program order; edges coloured by class, chosen ones bold (the points-to graph)."""
+    chosen = set(chosen) if chosen is not None else None
     g = v.nx
     order = {t: k for k, t in enumerate(v.graph.tensors)}
     gen = nx.DiGraph()

@@ -421,7 +421,8 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
         best = case["best_solver"]
         for name in (ok_names if cfg.draw == "all" else [best]):
             try:
-                vtog.draw(str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=results[name].strategy.edges,
+                from .plotting import draw_vtog
+                draw_vtog(vtog, str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=results[name].strategy.edges,
                           title=f"{w.name} bs{batch}: points-to graph of {name}")
             except Exception as e:   # a picture must not sink the run
                 ctx.notes.append(f"could not draw the {name} points-to graph of {label} bs{batch}: {first_line(e)}")

@@ -17,6 +17,7 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
 from . import ops as movement
+from .fusion import fuse_graph
 from .graph import BUFFER, CONSTANT, INPUT, PARAMETER, OpNode, TensorGraph, TensorInfo
 from .ops import OpCall, TensorArg
 
@@ -161,7 +162,7 @@ def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
                 elif spec.kind == OutputKind.USER_OUTPUT:
                     g.tensors[t].is_output = True
                     g.outputs.append(t)
-    g.fuse()
+    fuse_graph(g)
     return g
 
 

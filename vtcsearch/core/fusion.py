@@ -30,13 +30,12 @@ topologically; every op of a group shares the group's step.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import networkx as nx
 import torch
 
-if TYPE_CHECKING:
-    from .graph import OpNode, TensorGraph
+from .graph import OpNode, TensorGraph, kernel_io
 
 aten = torch.ops.aten
 
@@ -301,13 +300,18 @@ def _regions(g: "TensorGraph", free: set[str]) -> list[list[str]]:
 
 def region_outputs(g: "TensorGraph", ops: Iterable[str]) -> list[str]:
     """What a group of ops must write to memory (:func:`vtcsearch.core.graph.kernel_io`'s outputs)."""
-    from .graph import kernel_io
     return kernel_io(g, list(ops))[1]
 
 
 # ---------------------------------------------------------------------------
 # the pass
 # ---------------------------------------------------------------------------
+
+def fuse_graph(g: TensorGraph) -> None:
+    """Group ``g``'s ops into kernels and order the kernels (the graph records both)."""
+    groups = fuse(g)
+    g.set_kernels(groups, schedule(g, groups))
+
 
 def fuse(g: "TensorGraph") -> dict[str, Group]:
     """Group ``g``'s ops into kernels; sets ``op.kernel`` and returns the groups by name."""

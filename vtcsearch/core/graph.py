@@ -102,7 +102,7 @@ class TensorGraph:
         self.mutations: dict[str, str] = {}    # new value -> buffer it is written back to
         self.unclassified: Counter[str] = Counter()
         self.exported: Any = None              # torch.export.ExportedProgram, when captured
-        self.groups: dict[str, Any] = {}       # kernel name -> fusion.Group (set by fuse())
+        self.groups: dict[str, Any] = {}       # kernel name -> fusion.Group (set by set_kernels())
         self.steps: list[str] = []             # kernels and unabsorbed movement ops, in run order
         self._order: dict[str, int] | None = None
 
@@ -147,16 +147,15 @@ class TensorGraph:
         """Tensors a kernel reads from and writes to global memory."""
         return kernel_io(self, self.kernels()[kernel])
 
-    def fuse(self) -> None:
-        """Group ops into kernels (:mod:`vtcsearch.core.fusion`) and order the kernels."""
-        from .fusion import fuse, schedule
+    def set_kernels(self, groups: dict[str, Any], steps: list[str]) -> None:
+        """Record a fusion result (:func:`vtcsearch.core.fusion.fuse_graph`): the groups and the run order."""
         for o in self.ops.values():
             o.kernel = None
-        self.groups = fuse(self)
-        for gr in self.groups.values():
+        self.groups = groups
+        for gr in groups.values():
             for o in gr.ops:
                 self.ops[o].kernel = gr.name
-        self.steps = schedule(self, self.groups)
+        self.steps = list(steps)
         step = {s: k for k, s in enumerate(self.steps)}
         self._order = {o.name: step[o.kernel or o.name] for o in self.ops.values()}
 

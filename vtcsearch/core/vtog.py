@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from enum import StrEnum
+from typing import Any
 
 import networkx as nx
 
@@ -31,7 +32,14 @@ from .mapping import IndexMap, contiguous_strides, region_intersect
 
 COALESCE_BYTES = 128  # one warp's coalesced transaction: runs this long keep full bandwidth
 
-TYPE_I, PARTIAL, TYPE_II = "I", "partial", "II"
+
+
+class EdgeClass(StrEnum):
+    """How an edge's map accesses its target (its profitability class; the JSON spells the value)."""
+
+    TYPE_I = "I"             # the target's own row-major layout shifted: accesses stay as coalesced
+    PARTIAL = "partial"      # contiguous runs of at least one coalesced transaction
+    TYPE_II = "II"           # anything else: needs measuring
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class Edge:
     op: str                  # the movement op that justifies the edge
     kind: str                # output_over_input | input_over_output | inplace
     map: IndexMap            # over src's index space; pieces land in dst (or are constants)
-    cls: str                 # I | partial | II
+    cls: EdgeClass
     run: int                 # shortest contiguous run, elements (in dst's contiguous layout)
     run_bytes: int
     value_preserving: bool   # src equals dst at the mapped elements (False for in-place reuse)
@@ -129,17 +137,12 @@ class VTOG:
             g.add_node(n, shape=str(list(t.shape)), dtype=str(t.dtype), bytes=t.nbytes,
                        physical_only=t.physical_only)
         for e in self.edges:
-            g.add_edge(e.src, e.dst, key=e.id, op=e.op, kind=e.kind, cls=e.cls, run_bytes=e.run_bytes,
+            g.add_edge(e.src, e.dst, key=e.id, op=e.op, kind=e.kind, cls=e.cls.value, run_bytes=e.run_bytes,
                        map=repr(e.map))
         nx.write_graphml(g, path)
 
-    def draw(self, path: str, chosen: Iterable[int] | None = None, title: str = "") -> None:
-        """Picture of the VTOG; with ``chosen``, the points-to graph drawn bold over it."""
-        from ..plotting import draw_vtog
-        draw_vtog(self, path, set(chosen) if chosen is not None else None, title)
 
-
-def classify(m: IndexMap, dst_shape: tuple[int, ...], itemsize: int) -> tuple[str, int]:
+def classify(m: IndexMap, dst_shape: tuple[int, ...], itemsize: int) -> tuple[EdgeClass, int]:
     """(profitability class, shortest contiguous run in elements) of an edge's map.
 
     Type I: every piece is the tensor's own row-major layout shifted by a constant,
@@ -151,10 +154,10 @@ def classify(m: IndexMap, dst_shape: tuple[int, ...], itemsize: int) -> tuple[st
     if not m.has_lookup() and all(
             p.target is None or IndexMap(m.shape, [p], m.target_shapes).is_identity_layout(strides)
             for p in m.pieces):
-        return TYPE_I, run
+        return EdgeClass.TYPE_I, run
     if run * itemsize >= COALESCE_BYTES:
-        return PARTIAL, run
-    return TYPE_II, run
+        return EdgeClass.PARTIAL, run
+    return EdgeClass.TYPE_II, run
 
 
 def build_vtog(graph: TensorGraph) -> VTOG:
@@ -213,7 +216,7 @@ def _add_edge(v: VTOG, src: str, dst: str, op: str, kind: str, m: IndexMap, valu
     v.edges.append(e)
     v.nx.add_node(src)
     v.nx.add_node(dst)
-    v.nx.add_edge(src, dst, key=e.id, cls=cls, op=op, kind=kind)
+    v.nx.add_edge(src, dst, key=e.id, cls=cls.value, op=op, kind=kind)
     return e
 
 
