@@ -11,7 +11,6 @@ shapes in fp16.
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -24,10 +23,8 @@ pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWar
 from vtcsearch.codegen.kernels import (ConvEpilogue, Operand, avg_pool2d, conv2d, global_avg_pool2d,  # noqa: E402
                                max_pool2d, upsample_nearest2d)
 
-GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
-DEV = "cuda" if GPU else "cpu"
+from conftest import DEVICE as DEV, GPU  # noqa: E402
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 NAN = float("nan")
 
 _gen = torch.Generator().manual_seed(4321)
@@ -428,7 +425,6 @@ def rel_err(got, want):
 
 
 @gpu
-@needs_gpu
 def test_gpu_yolo11n_downsample_conv_and_sppf():
     h, dev = torch.float16, "cuda"
     # backbone Conv(64, 128, 3, 2) + BN + SiLU at 80x80 (640 input)
@@ -460,7 +456,6 @@ def test_gpu_yolo11n_downsample_conv_and_sppf():
 
 
 @gpu
-@needs_gpu
 def test_gpu_shufflenet_v2_unit_through_shuffle_and_concat():
     """A stride-1 ShuffleNetV2 unit (116 channels, 28x28): the input is shuffle(cat(x1, branch)) of the
     previous unit, read as a view; branch2 = 1x1 conv-BN-ReLU, depthwise 3x3-BN, 1x1 conv-BN-ReLU, the

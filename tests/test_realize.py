@@ -28,7 +28,7 @@ pytest.importorskip("triton")
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 
 # compiled on a GPU, Triton's interpreter on the CPU (tests/conftest.py sets TRITON_INTERPRET there)
-DEV = "cuda" if torch.cuda.is_available() and __import__("os").environ.get("TRITON_INTERPRET") != "1" else "cpu"
+from conftest import DEVICE as DEV  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -222,12 +222,7 @@ def test_realize_refuses_an_invalid_strategy(llama):
 # on the GPU: the real Llama 3 8B decode sizes (bf16, 4096-token context)
 # ---------------------------------------------------------------------------
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1",
-                               reason="needs a CUDA GPU (and Triton compiling, not interpreting)")
-
-
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("batch", [1, 16])
 @pytest.mark.parametrize("part", ["attention", "layer"])
 def test_gpu_llama_decode_all_virtual_equals_eager(part, batch):

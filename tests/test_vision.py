@@ -305,12 +305,7 @@ def test_speedup_plot(tmp_path):
 # on the GPU: every benchmark block at its real shape (fp16, batch 1)
 # ---------------------------------------------------------------------------
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or __import__("os").environ.get("TRITON_INTERPRET") == "1",
-                               reason="needs a CUDA GPU (and Triton compiling, not interpreting)")
-
-
 @pytest.mark.gpu
-@needs_gpu
 @pytest.mark.parametrize("name", list(BLOCKS))
 def test_gpu_vision_blocks_equal_eager(name, monkeypatch):
     """The real shapes: none and ILP equal eager (fp16) and each other, no fallback, and the CUDA graph
