@@ -12,7 +12,6 @@ decode sizes in bf16.
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
@@ -28,12 +27,10 @@ pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWar
 
 from vtcsearch.codegen.kernels import (Epilogue, Operand, Rope, attention, copy, copy_pieces, gemm,  # noqa: E402
                                kv_group, layernorm, pointwise, rmsnorm, softmax)
-from vtcsearch.codegen.kernels.vio import IO  # noqa: E402
+from vtcsearch.codegen.kernels.emit import IO  # noqa: E402
 
-GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
-DEV = "cuda" if GPU else "cpu"
+from conftest import DEVICE as DEV, GPU  # noqa: E402
 gpu = pytest.mark.gpu
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 NAN = float("nan")
 
 _gen = torch.Generator().manual_seed(1234)
@@ -682,15 +679,15 @@ def test_softmax_through_a_pad_map_with_minus_inf_border_and_1d():
 
 
 def test_plans_are_cached():
-    from vtcsearch.codegen.kernels import vio
+    from vtcsearch.codegen.kernels import codecache
     a, _ = read_op("identity", (16, 32), 16)
     b, _ = linear_weight(32, 32)
     p1 = gemm(a, b, write_op("identity", (16, 32), 16))
-    n = len(vio._PLANS)
+    n = len(codecache._PLANS)
     a2, ar2 = read_op("identity", (16, 32), 16)  # new tensors, same signature
     out = write_op("identity", (16, 32), 16)
     p2 = gemm(a2, b, out)
-    assert p2 is p1 and len(vio._PLANS) == n
+    assert p2 is p1 and len(codecache._PLANS) == n
     assert_written(out, ar2 @ b.gather())
     # replay: the same tensors with new contents, no re-planning
     before = ar2 @ b.gather()
@@ -710,7 +707,6 @@ def rel_err(got, want):
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("batch", [1, 16])
 def test_gpu_llama_qkv_projection_into_kv_cache(batch):
     S, pos = 4097, 4096
@@ -726,7 +722,6 @@ def test_gpu_llama_qkv_projection_into_kv_cache(batch):
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("batch", [1, 16])
 def test_gpu_llama_decode_attention_from_cache(batch):
     HQ, HKV, S, D = 32, 8, 4097, 128
@@ -741,7 +736,6 @@ def test_gpu_llama_decode_attention_from_cache(batch):
 
 
 @gpu
-@needs_gpu
 def test_gpu_llama_prefill_attention_causal():
     B, HQ, HKV, S, D = 1, 32, 8, 512, 128
     k, v, kr, vr, _ = kv_ops("cache_expand", B, HQ, HKV, S, D, dtype=torch.bfloat16, device="cuda")
@@ -753,7 +747,6 @@ def test_gpu_llama_prefill_attention_causal():
 
 
 @gpu
-@needs_gpu
 @pytest.mark.parametrize("batch", [1, 16])
 def test_gpu_llama_o_projection_norm_ffn_and_copy(batch):
     bf = torch.bfloat16

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import torch
 
 from ..core.expr import Expr, TritonNames, bounds, simplify, to_triton
-from .kernels.vio import downcast
+from .kernels.emit import downcast
 from ..core.mapping import index_vars
 from ..core.ops import reshape_index
 

@@ -25,7 +25,7 @@ from ..core.graph import kernel_io
 from .kernels import (ConvEpilogue, Epilogue, Operand, attention, avg_pool2d, conv2d, copy, gemm,
                       global_avg_pool2d, max_pool2d, pointwise, rmsnorm, softmax)
 from .kernels.conv import out_size
-from .kernels.vio import Plan
+from .kernels.codecache import Plan
 
 if TYPE_CHECKING:
     from ..core.graph import OpNode, TensorGraph

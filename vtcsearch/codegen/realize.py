@@ -31,7 +31,7 @@ import torch
 
 from ..core.graph import TensorGraph
 from .kernels import Operand, copy_pieces
-from .kernels.vio import interpreting
+from .kernels.codecache import interpreting
 from .lowering import Context, Launch, lower
 from ..core.strategy import Strategy
 

@@ -42,6 +42,18 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def reshape_index(src_shape: Sequence[int], dst_shape: Sequence[int], v: Sequence[Expr]) -> list[Expr]:
+    """Index into ``dst_shape`` of the element at index ``v`` of ``src_shape`` (same row-major order)."""
+    flat = Expr()
+    for e, s in zip(v, contiguous_strides(src_shape)):
+        flat = flat + e * s
+    out = []
+    for m, (size, stride) in enumerate(zip(dst_shape, contiguous_strides(dst_shape))):
+        e = flat // stride
+        out.append(e if m == 0 else e % size)
+    return out
+
+
 def full_region(shape: Sequence[int]) -> Region:
     return tuple((0, int(s)) for s in shape)
 
@@ -96,6 +108,75 @@ class IndexMap:
                index: Sequence[Expr], region: Region | None = None) -> "IndexMap":
         return IndexMap(shape, [Piece(target, region or full_region(shape), tuple(index))],
                         {target: target_shape})
+
+    # -- movement: the one definition of each view (ops.py's rules and the kernels' Operand use these) ----
+    # Each returns the map of ``target.<movement>(...)``: over the view's index space into ``target``,
+    # a tensor of shape ``src``.  Composed onto a map into memory, it is that view of a virtual tensor.
+    @staticmethod
+    def permute(src: Sequence[int], dims: Sequence[int], target: str) -> "IndexMap":
+        """``target.permute(dims)``: view dim ``k`` is the source's dim ``dims[k]``."""
+        n = len(src)
+        dims = [d % n if n else d for d in dims]
+        if sorted(dims) != list(range(n)):
+            raise ValueError(f"permute: {list(dims)} is not a permutation of {n} dims")
+        v = index_vars(n)
+        j: list[Expr] = [Expr()] * n
+        for k, d in enumerate(dims):
+            j[d] = v[k]
+        return IndexMap.single([src[d] for d in dims], target, src, j)
+
+    @staticmethod
+    def reshape(src: Sequence[int], shape: Sequence[int], target: str) -> "IndexMap":
+        """``target.reshape(shape)``: the same elements in the same row-major order (one ``-1`` allowed)."""
+        shape = list(shape)
+        numel = math.prod(src)
+        if shape.count(-1) == 1:
+            rest = math.prod(s for s in shape if s != -1)
+            shape[shape.index(-1)] = numel // max(rest, 1)
+        if math.prod(shape) != numel or any(s < 0 for s in shape):
+            raise ValueError(f"cannot reshape {tuple(src)} to {tuple(shape)}")
+        return IndexMap.single(shape, target, src, reshape_index(shape, src, index_vars(len(shape))))
+
+    @staticmethod
+    def broadcast(src: Sequence[int], shape: Sequence[int], target: str) -> "IndexMap":
+        """``target.expand(shape)``: size-1 dims repeat (index 0), leading dims are added; read-only."""
+        shape = tuple(int(s) for s in shape)
+        off = len(shape) - len(src)
+        if off < 0 or any(s != 1 and s != shape[k + off] for k, s in enumerate(src)):
+            raise ValueError(f"cannot broadcast {tuple(src)} to {shape}")
+        v = index_vars(len(shape))
+        return IndexMap.single(shape, target, src, [v[k + off] if s != 1 else Expr() for k, s in enumerate(src)])
+
+    @staticmethod
+    def narrow(src: Sequence[int], dim: int, start: int, length: int, target: str, step: int = 1) -> "IndexMap":
+        """``target[..., start:start + length * step:step, ...]`` along ``dim`` (``slice`` / ``narrow``)."""
+        dim %= len(src)
+        if start < 0 or length < 0 or step < 1 or (length and start + (length - 1) * step >= src[dim]):
+            raise ValueError(f"narrow: {length} elements from {start} by {step} do not fit dim {dim} of "
+                             f"{tuple(src)}")
+        v = index_vars(len(src))
+        shape = [length if k == dim else s for k, s in enumerate(src)]
+        return IndexMap.single(shape, target, src, [(v[k] * step if step != 1 else v[k]) + start if k == dim
+                                                    else v[k] for k in range(len(src))])
+
+    @staticmethod
+    def cat(parts: Sequence[tuple[str, Sequence[int]]], dim: int) -> "IndexMap":
+        """``cat([t0, t1, ...], dim)`` of ``parts`` = ``(target, shape)``: one piece per part, side by side."""
+        if not parts:
+            raise ValueError("cat of no tensors")
+        base = parts[0][1]
+        dim %= len(base)
+        shape = [sum(s[dim] for _, s in parts) if k == dim else n for k, n in enumerate(base)]
+        v = index_vars(len(shape))
+        pieces, shapes, off = [], {}, 0
+        for t, s in parts:
+            if len(s) != len(shape) or any(a != b for k, (a, b) in enumerate(zip(s, shape)) if k != dim):
+                raise ValueError(f"cat along {dim}: {tuple(s)} does not match {tuple(base)}")
+            region = tuple((off, off + s[dim]) if m == dim else (0, n) for m, n in enumerate(shape))
+            pieces.append(Piece(t, region, tuple(v[m] - off if m == dim else v[m] for m in range(len(shape)))))
+            shapes[t] = s
+            off += s[dim]
+        return IndexMap(shape, pieces, shapes)
 
     def restrict(self, region: Region) -> "IndexMap":
         pieces = []

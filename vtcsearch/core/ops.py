@@ -29,7 +29,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .expr import Expr, lookup
-from .mapping import IndexMap, Piece, full_region, index_vars, contiguous_strides
+from .mapping import IndexMap, Piece, contiguous_strides, full_region, index_vars, reshape_index
 
 aten = torch.ops.aten
 
@@ -133,18 +133,6 @@ def _dim(d: int, ndim: int) -> int:
     return d + ndim if d < 0 else d
 
 
-def reshape_index(src_shape: Sequence[int], dst_shape: Sequence[int], v: Sequence[Expr]) -> list[Expr]:
-    """Index into ``dst_shape`` of the element at index ``v`` of ``src_shape`` (same row-major order)."""
-    flat = Expr()
-    for e, s in zip(v, contiguous_strides(src_shape)):
-        flat = flat + e * s
-    out = []
-    for m, (size, stride) in enumerate(zip(dst_shape, contiguous_strides(dst_shape))):
-        e = flat // stride
-        out.append(e if m == 0 else e % size)
-    return out
-
-
 def _single(shape, target: str, target_shape, index) -> IndexMap:
     return IndexMap.single(shape, target, target_shape, index)
 
@@ -159,16 +147,16 @@ def _bijection(call: OpCall, fwd: Callable[[list[Expr]], list[Expr]],
 
 def _reshape(call: OpCall) -> Movement:
     ins, outs = call.inputs[0], call.outputs[0]
-    return _bijection(call, lambda v: reshape_index(outs, ins, v), lambda v: reshape_index(ins, outs, v))
+    return Movement(outputs=[IndexMap.reshape(ins, outs, "in0")], inverse=[(0, 0, IndexMap.reshape(outs, ins, "out0"))])
 
 
 def _permute(call: OpCall, perm: Sequence[int]) -> Movement:
     inv = [0] * len(perm)
     for k, p in enumerate(perm):
         inv[p] = k
-    # out[i] = in[j] with j[perm[k]] = i[k]
-    return _bijection(call, lambda v: [v[inv[m]] for m in range(len(perm))],
-                      lambda v: [v[perm[k]] for k in range(len(perm))])
+    outs = call.outputs[0]
+    return Movement(outputs=[IndexMap.permute(call.inputs[0], perm, "in0")],
+                    inverse=[(0, 0, IndexMap.permute(outs, inv, "out0"))])
 
 
 def _gather_only(call: OpCall, index: list[Expr], source: int = 0) -> Movement:
@@ -224,10 +212,7 @@ def transpose(call: OpCall) -> Movement:
 @register("Expand", "expand.default", "expand_copy.default")
 def expand(call: OpCall) -> Movement:
     """Broadcast size-1 dims (and add leading ones): a read-only, many-to-one map."""
-    ins, outs = call.inputs[0], call.outputs[0]
-    v = index_vars(len(outs))
-    off = len(outs) - len(ins)
-    return _gather_only(call, [v[k + off] if ins[k] != 1 else Expr() for k in range(len(ins))])
+    return Movement(outputs=[IndexMap.broadcast(call.inputs[0], call.outputs[0], "in0")])
 
 
 @register("Tile", "repeat.default", "tile.default")
@@ -246,9 +231,7 @@ def slice_(call: OpCall) -> Movement:
     d = _dim(call.get("dim", 0), len(ins))
     start = call.get("start", 0)
     start = max(0, min(ins[d], start + ins[d] if start < 0 else start))
-    step = call.get("step", 1)
-    v = index_vars(len(outs))
-    return _gather_only(call, [v[k] if k != d else v[k] * step + start for k in range(len(ins))])
+    return Movement(outputs=[IndexMap.narrow(ins, d, start, outs[d], "in0", call.get("step", 1))])
 
 
 @register("Slice", "narrow.default")
@@ -258,8 +241,7 @@ def narrow(call: OpCall) -> Movement:
     d = _dim(call["dim"], len(ins))
     start = call["start"]
     start = start + ins[d] if start < 0 else start
-    v = index_vars(len(outs))
-    return _gather_only(call, [v[k] if k != d else v[k] + start for k in range(len(ins))])
+    return Movement(outputs=[IndexMap.narrow(ins, d, start, outs[d], "in0")])
 
 
 @register("Gather", "select.int", "select_copy.int")
@@ -285,8 +267,7 @@ def split(call: OpCall) -> Movement:
     d = _dim(call.get("dim", 0), len(ins))
     outputs, inverse, off = [], [], 0
     for j, (o, size) in enumerate(zip(call.outputs, _split_sizes(call, d))):
-        v = index_vars(len(o))
-        outputs.append(_single(o, "in0", ins, [v[k] + off if k == d else v[k] for k in range(len(o))]))
+        outputs.append(IndexMap.narrow(ins, d, off, size, "in0"))
         w = index_vars(len(ins))
         region = tuple((off, off + size) if k == d else (0, s) for k, s in enumerate(ins))
         inverse.append((0, j, IndexMap(ins, [Piece(f"out{j}", region, tuple(
@@ -316,18 +297,13 @@ def cat(call: OpCall) -> Movement:
     """Inputs side by side along one dim: a piecewise map."""
     outs = call.outputs[0]
     d = _dim(call.get("dim", 0), len(outs))
-    v = index_vars(len(outs))
-    pieces, inverse, shapes, off = [], [], {}, 0
-    for k, s in enumerate(call.inputs):
-        if len(s) == 1 and s[0] == 0 and len(outs) != 1:
-            continue  # legacy empty tensor, skipped by torch.cat
-        region = tuple((off, off + s[d]) if m == d else (0, n) for m, n in enumerate(outs))
-        pieces.append(Piece(f"in{k}", region, tuple(v[m] - off if m == d else v[m] for m in range(len(outs)))))
-        shapes[f"in{k}"] = s
-        w = index_vars(len(s))
-        inverse.append((k, 0, _single(s, "out0", outs, [w[m] + off if m == d else w[m] for m in range(len(s))])))
+    parts = [(k, s) for k, s in enumerate(call.inputs)
+             if not (len(s) == 1 and s[0] == 0 and len(outs) != 1)]   # legacy empty tensors: skipped by torch.cat
+    inverse, off = [], 0
+    for k, s in parts:
+        inverse.append((k, 0, IndexMap.narrow(outs, d, off, s[d], "out0")))
         off += s[d]
-    return Movement(outputs=[IndexMap(outs, pieces, shapes)], inverse=inverse)
+    return Movement(outputs=[IndexMap.cat([(f"in{k}", s) for k, s in parts], d)], inverse=inverse)
 
 
 @register("Concat", "stack.default")

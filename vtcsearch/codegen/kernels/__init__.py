@@ -3,12 +3,12 @@
 Every template takes :class:`Operand` s — a resolved :class:`~vtcsearch.core.mapping.IndexMap`
 plus the physical storages it lands in (and runtime scalars / index tensors) — and
 launches a kernel whose stage 1 (loads) and stage 3 (stores) go through the maps,
-via the one I/O layer :mod:`vtcsearch.codegen.kernels.vio`; stage 2 (the math) is the usual
+via the one I/O emitter :mod:`vtcsearch.codegen.kernels.emit`; stage 2 (the math) is the usual
 kernel.  A physical tensor is ``Operand.dense(t)``; views compose maps
 (``op.permute``, ``op.transpose``, ``op.reshape``, ``op.broadcast_to``, ``op.narrow``,
 ``op.sub``, ``Operand.cat``, ``op.view(shape, index_exprs, syms=, tables=)``).
 
-Entry points (all write into ``out`` and return the launched :class:`~vio.Plan` (s),
+Entry points (all write into ``out`` and return the launched :class:`~codecache.Plan` (s),
 whose ``source``, ``config`` and ``modes`` — the I/O path each operand took:
 ``single`` / ``block`` (one scalar piece branch per block) / ``element`` (per-element
 predicates) — are there for inspection):
@@ -48,6 +48,9 @@ predicates) — are there for inspection):
     ``copy_pieces(domain, pairs, tensors, syms=None, tables=None)`` runs a
     :class:`~vtcsearch.core.strategy.ResidualCopy`'s ``(dst piece, src piece)`` pairs.
 
+Modules by job: :mod:`.operand` (operand views), :mod:`.emit` (I/O code emission, templates, tilings),
+:mod:`.codecache` (source cache, compilation, launch plans), :mod:`.autotune` (tile configurations).
+
 Tile configurations: on a GPU a few per template are timed once per key (operand
 signatures + options) and the best cached (``VTC_AUTOTUNE=0`` disables this and
 takes the first); in the interpreter (``TRITON_INTERPRET=1``, CPU tensors) one small
@@ -61,10 +64,19 @@ from .gemm import Epilogue, Rope, gemm
 from .pointwise import pointwise
 from .pool import avg_pool2d, global_avg_pool2d, max_pool2d, upsample_nearest2d
 from .reduction import layernorm, rmsnorm, softmax
-from .vio import IO, Operand, Plan, clear_caches, interpreting
+from .autotune import clear_tuning
+from .codecache import Plan, clear_plans, interpreting
+from .emit import IO
+from .operand import Operand
 
 __all__ = [
     "Operand", "IO", "Plan", "gemm", "Epilogue", "Rope", "attention", "kv_group", "pointwise",
     "rmsnorm", "layernorm", "softmax", "copy", "copy_pieces", "clear_caches", "interpreting",
     "conv2d", "ConvEpilogue", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample_nearest2d",
 ]
+
+
+def clear_caches() -> None:
+    """Forget cached launch plans and tuning decisions (tests; a changed environment)."""
+    clear_plans()
+    clear_tuning()

@@ -30,8 +30,10 @@ import math
 import torch
 
 from ...core.expr import simplify, var
-from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
-    render, tl_dtype
+from .autotune import autotune
+from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .emit import IO, next_pow2, render, tl_dtype
+from .operand import Operand
 
 _MAIN = """
 @triton.jit

@@ -14,7 +14,7 @@ the epilogue is, in this order::
     y = expr(y, x0, x1, ...)     any elementwise code (a fused region, e.g. BatchNorm + SiLU + add)
 
 Two algorithms, both with the loads (stage 1) and stores (stage 3) in
-:class:`~vtcsearch.codegen.kernels.vio.IO`:
+:class:`~vtcsearch.codegen.kernels.emit.IO`:
 
 * ``gemm`` (the default) — an implicit GEMM per group: rows ``M = N*OH*OW`` output
   pixels, columns the group's ``Cout/groups`` output channels, reduction
@@ -36,8 +36,10 @@ from typing import Callable, Sequence
 
 from ._lib import ACTIVATIONS
 from .pointwise import index_codes
-from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
-    render, tl_dtype
+from .autotune import autotune
+from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .emit import IO, next_pow2, render, tl_dtype
+from .operand import Operand
 
 __all__ = ["ConvEpilogue", "conv2d"]
 

@@ -15,8 +15,9 @@ import torch
 
 from ...core.mapping import IndexMap, Piece
 from .pointwise import _as_nd, tile_config
-from .vio import IO, Operand, Plan, compile_source, const_code, elementwise_tiling, interpreting, key_of, \
-    plan_cache, render, tl_dtype
+from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .emit import IO, const_code, elementwise_tiling, render, tl_dtype
+from .operand import Operand
 
 _TEMPLATE = """
 @triton.jit

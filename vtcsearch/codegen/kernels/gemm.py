@@ -23,8 +23,10 @@ from typing import Sequence
 
 from ._lib import ACTIVATIONS
 from .pointwise import index_codes
-from .vio import IO, Operand, Plan, autotune, compile_source, interpreting, key_of, next_pow2, plan_cache, \
-    render, tl_dtype
+from .autotune import autotune
+from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .emit import IO, next_pow2, render, tl_dtype
+from .operand import Operand
 
 
 @dataclass

@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
-from .vio import IO, Operand, Plan, compile_source, const_code, elementwise_tiling, interpreting, key_of, \
-    next_pow2, plan_cache, render
+from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .emit import IO, const_code, elementwise_tiling, next_pow2, render
+from .operand import Operand
 
 _TEMPLATE = """
 @triton.jit

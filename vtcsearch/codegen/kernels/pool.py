@@ -26,8 +26,9 @@ import torch
 from ...core.mapping import index_vars
 from .conv import join, out_size, pair, pixel_lines
 from .copy import copy
-from .vio import IO, Operand, Plan, compile_source, const_code, interpreting, key_of, next_pow2, plan_cache, \
-    render
+from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .emit import IO, const_code, next_pow2, render
+from .operand import Operand
 
 __all__ = ["max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample_nearest2d"]
 
