@@ -1,4 +1,5 @@
-"""The Triton code an IndexMap emits, run through the interpreter, touches exactly the map's elements."""
+"""The Triton code the one I/O emitter (:class:`vtcsearch.codegen.kernels.emit.IO`) writes for an IndexMap, run
+through the interpreter, touches exactly the map's elements."""
 import importlib.util
 import itertools
 import os
@@ -9,9 +10,11 @@ import torch
 
 from chains import random_chain
 from vtcsearch.core.expr import sym
-from vtcsearch.core.mapping import AccessNames, IndexMap, Piece, contiguous_strides, index_vars
+from vtcsearch.core.mapping import IndexMap, Piece, index_vars
 
 triton = pytest.importorskip("triton")
+from vtcsearch.codegen.kernels.emit import IO  # noqa: E402
+from vtcsearch.codegen.kernels.operand import Operand  # noqa: E402
 
 _counter = itertools.count()
 
@@ -27,13 +30,8 @@ def _compile(src: str, name: str):
     return getattr(mod, name)
 
 
-def _names(m: IndexMap, leaves, tables):
-    ptrs = {t: f"p_{k}" for k, t in enumerate(sorted(m.targets()))}
-    tabs = {t: (f"t_{k}", tuple(tables[t].stride())) for k, t in enumerate(sorted(m.tables()))}
-    syms = {s.name: f"s_{s.name}" for s in m.syms()}
-    strides = {t: tuple(leaves[t].stride()) for t in m.targets()}
-    return AccessNames(ptrs, strides, syms=syms, tables=tabs, mask="mask",
-                       dtypes={t: "tl.float32" for t in m.targets()}), ptrs, tabs, syms
+def _io(m: IndexMap, leaves, tables, symvals) -> IO:
+    return IO(Operand(m, leaves, symvals, tables, dtype=torch.float32), "v")
 
 
 def _unflatten(shape):
@@ -44,18 +42,18 @@ def _unflatten(shape):
     return lines
 
 
-def _kernel(m: IndexMap, names, ptrs, tabs, syms, body: list[str], name: str) -> str:
-    args = ["out_ptr"] + list(ptrs.values()) + [p for p, _ in tabs.values()] + list(syms.values())
-    lines = ["import triton", "import triton.language as tl", "", "@triton.jit",
+def _kernel(m: IndexMap, io: IO, body: list[str], name: str) -> str:
+    args = ["out_ptr"] + io.params()
+    lines = ["import triton", "import triton.language as tl", "from vtcsearch.codegen.kernels._lib import *",
+             "", "@triton.jit",
              f"def {name}({', '.join(args)}, N, BLOCK: tl.constexpr):",
              "    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)",
-             "    mask = offs < N"] + _unflatten(m.shape) + ["    " + ln for ln in body]
+             "    mask = offs < N"] + _unflatten(m.shape) + ["    " + ln for ln in io.prologue() + body]
     return "\n".join(lines) + "\n"
 
 
-def _launch(kernel, m, out, leaves, tables, ptrs, tabs, syms, symvals, block=64):
-    args = [out] + [leaves[t] for t in ptrs] + [tables[t] for t in tabs] + [symvals[s] for s in syms]
-    kernel[(triton.cdiv(m.numel, block),)](*args, m.numel, BLOCK=block)
+def _launch(kernel, m, out, io: IO, block=64):
+    kernel[(triton.cdiv(max(m.numel, 1), block),)](out, *io.op.kernel_args(), m.numel, BLOCK=block)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -63,14 +61,14 @@ def test_emitted_load_reads_what_the_map_reads(seed):
     c = random_chain(seed, 1 + seed % 5)
     m = c.map
     leaves = {k: v.contiguous() for k, v in c.leaves.items()}
-    names, ptrs, tabs, syms = _names(m, leaves, c.tables)
+    io = _io(m, leaves, c.tables, {})
     idx = [f"i{k}" for k in range(m.ndim)]
     # a 0-d tensor has no index to carry the block's shape: load the scalar, then broadcast
-    body = m.emit_load("val", idx, names, mask="mask" if idx else None) + \
+    body = io.load("val", idx, shape="(BLOCK,)", mask="mask" if idx else None) + \
         ["val = val + tl.zeros([BLOCK], tl.float32)", "tl.store(out_ptr + offs, val, mask=mask)"]
-    kernel = _compile(_kernel(m, names, ptrs, tabs, syms, body, "load_kernel"), "load_kernel")
+    kernel = _compile(_kernel(m, io, body, "load_kernel"), "load_kernel")
     out = torch.full((max(m.numel, 1),), float("nan"))
-    _launch(kernel, m, out, leaves, c.tables, ptrs, tabs, syms, {})
+    _launch(kernel, m, out, io)
     assert torch.equal(out[:m.numel].view(m.shape), m.gather(leaves, tables=c.tables)), c.steps
 
 
@@ -96,11 +94,11 @@ def test_emitted_store_writes_what_the_map_writes(name, m, symvals):
     want = {t: torch.full(s, float("nan")) for t, s in shapes.items()}
     value = torch.randn(m.shape)
     m.scatter(value, want, syms=symvals)
-    names, ptrs, tabs, syms = _names(m, got, {})
+    io = _io(m, got, {}, symvals)
     idx = [f"i{k}" for k in range(m.ndim)]
-    body = ["val = tl.load(out_ptr + offs, mask=mask)"] + m.emit_store("val", idx, names, mask="mask")
-    kernel = _compile(_kernel(m, names, ptrs, tabs, syms, body, "store_kernel"), "store_kernel")
-    _launch(kernel, m, value.reshape(-1), got, {}, ptrs, tabs, syms, symvals)
+    body = ["val = tl.load(out_ptr + offs, mask=mask)"] + io.store("val", idx, mask="mask")
+    kernel = _compile(_kernel(m, io, body, "store_kernel"), "store_kernel")
+    _launch(kernel, m, value.reshape(-1), io)
     for t in shapes:
         assert torch.equal(got[t].isnan(), want[t].isnan()), f"{t}: different elements written"
         assert torch.equal(got[t].nan_to_num(), want[t].nan_to_num()), f"{t}: wrong values"
@@ -113,12 +111,13 @@ def test_block_level_piece_selection():
                  {"a": (4, 64), "b": (64, 4)})
     assert m.blocks_aligned({1: 32}) and not m.blocks_aligned({1: 48})
     leaves = {"a": torch.randn(4, 64), "b": torch.randn(64, 4)}
-    names, ptrs, tabs, syms = _names(m, leaves, {})
-    lines = m.emit_load("val", ["i0", "i1"], names, mask="mask", block_idx=["b0", "b1"])
+    io = _io(m, leaves, {}, {})
+    lines = io.load("val", ["i0", "i1"], shape="(BLOCK,)", mask="mask", block=[("b0", 1), ("b1", 32)])
+    assert io.modes == ["block"]
     assert lines[0].startswith("if ") and any(ln.startswith("else:") for ln in lines)
     body = ["b0 = (tl.program_id(0) * BLOCK) // 128", "b1 = (tl.program_id(0) * BLOCK) % 128"] + lines + \
            ["tl.store(out_ptr + offs, val, mask=mask)"]
-    kernel = _compile(_kernel(m, names, ptrs, tabs, syms, body, "block_kernel"), "block_kernel")
+    kernel = _compile(_kernel(m, io, body, "block_kernel"), "block_kernel")
     out = torch.full((m.numel,), float("nan"))
-    _launch(kernel, m, out, leaves, {}, ptrs, tabs, syms, {}, block=32)
+    _launch(kernel, m, out, io, block=32)
     assert torch.equal(out.view(m.shape), m.gather(leaves))

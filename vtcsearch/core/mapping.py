@@ -11,19 +11,20 @@ constant (the border of a Pad).
 Maps compose (``F_outer ∘ F_base``) by substituting the base map's variables,
 so a chain of data movement ops collapses into one map straight into physical
 memory.  Everything the compiler asks of a map is answered here: is it affine,
-how long are its contiguous runs, is it injective (required for writes), and
-the Triton code that loads or stores through it.
+how long are its contiguous runs, is it injective (required for writes).  The
+Triton code that loads or stores through a map is written by one emitter,
+:class:`vtcsearch.codegen.kernels.emit.IO`.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
 
-from .expr import Expr, Sym, TritonNames, Var, bounds, evaluate, rename_tables, simplify, to_triton, var
+from .expr import Expr, Sym, Var, bounds, evaluate, rename_tables, simplify, var
 
 Region = tuple[tuple[int, int], ...]
 Cond = tuple[Expr, int, int]  # lo <= expr < hi
@@ -392,7 +393,7 @@ class IndexMap:
             vals = value[sl][mask].to(dst.dtype)
             dst[tuple(i[mask] for i in idx)] = vals
 
-    # -- Triton code generation ---------------------------------------------
+    # -- tiling ----------------------------------------------------------------
     def blocks_aligned(self, blocks: Mapping[int, int]) -> bool:
         """True when no block of the given sizes (per virtual dim) straddles two pieces."""
         if not self.is_box_piecewise():
@@ -406,86 +407,6 @@ class IndexMap:
                     return False
         return True
 
-    def _piece_code(self, p: Piece, idx: Sequence[str], names: "AccessNames") -> tuple[str, str]:
-        """(offset code, predicate code) of one piece."""
-        tn = TritonNames({f"i{k}": c for k, c in enumerate(idx)}, names.syms, names.tables, names.mask)
-        pred = []
-        for k, (lo, hi) in enumerate(p.region):
-            if lo > 0:
-                pred.append(f"({idx[k]} >= {lo})")
-            if hi < self.shape[k]:
-                pred.append(f"({idx[k]} < {hi})")
-        for ce, lo, hi in p.conds:
-            c = to_triton(ce, tn)
-            pred.append(f"({c} >= {lo})")
-            pred.append(f"({c} < {hi})")
-        if p.target is None:
-            return "", " & ".join(pred)
-        off = p.offset(names.strides[p.target], names.offsets.get(p.target, 0))
-        code = to_triton(off, tn)
-        # indices the offset does not use still set the block's shape (a broadcast read)
-        unused = [idx[k] for k in range(len(idx)) if f"i{k}" not in off.free_vars()]
-        if unused:
-            code = f"({code} + {' + '.join(f'0 * {c}' for c in unused)})"
-        return code, " & ".join(pred)
-
-    def emit_load(self, out: str, idx: Sequence[str], names: "AccessNames", mask: str | None = None,
-                  block_idx: Sequence[str] | None = None, other: str = "0.0") -> list[str]:
-        """Triton lines that load this virtual tensor at index tensors ``idx`` into ``out``.
-
-        With ``block_idx`` (scalar index of the block's first element per dim; only valid when
-        :meth:`blocks_aligned`), the piece is picked once per block by a scalar branch; otherwise
-        every piece is loaded under its own per-element predicate.
-        """
-        lines: list[str] = []
-        codes = [self._piece_code(p, idx, names) for p in self.pieces]
-        if block_idx is not None and len(self.pieces) > 1:
-            for n, (p, (off, _)) in enumerate(zip(self.pieces, codes)):
-                head = "if" if n == 0 else "elif"
-                _, bpred = self._piece_code(p, block_idx, names)
-                cond = bpred or "True"
-                lines.append(f"{head} {cond}:" if n < len(self.pieces) - 1 else "else:")
-                if p.target is None:
-                    lines.append(f"    {out} = tl.full({_shape_of(idx)}, {p.fill}, tl.float32)")
-                else:
-                    m = f", mask={mask}, other={other}" if mask else ""
-                    lines.append(f"    {out} = tl.load({names.ptrs[p.target]} + {off}{m}).to(tl.float32)")
-            return lines
-        for n, (p, (off, pred)) in enumerate(zip(self.pieces, codes)):
-            full = " & ".join(x for x in (mask, pred) if x)
-            if p.target is None:
-                val = f"{p.fill}"
-            else:
-                m = f", mask={full}, other={other}" if full else ""
-                val = f"tl.load({names.ptrs[p.target]} + {off}{m}).to(tl.float32)"
-            if n == 0 or not pred:
-                lines.append(f"{out} = {val}" if p.target is not None else
-                             f"{out} = tl.full({_shape_of(idx)}, {p.fill}, tl.float32)")
-            else:
-                lines.append(f"{out} = tl.where({pred}, {val}, {out})")
-        return lines
-
-    def emit_store(self, value: str, idx: Sequence[str], names: "AccessNames", mask: str | None = None,
-                   block_idx: Sequence[str] | None = None) -> list[str]:
-        """Triton lines that store ``value`` through the map (each piece under its predicate)."""
-        lines: list[str] = []
-        for n, p in enumerate(self.pieces):
-            if p.target is None:
-                raise ValueError("cannot store into a constant piece")
-            off, pred = self._piece_code(p, idx, names)
-            dt = names.dtypes.get(p.target)
-            v = f"{value}.to({dt})" if dt else value
-            if block_idx is not None and len(self.pieces) > 1:
-                _, bpred = self._piece_code(p, block_idx, names)
-                m = f", mask={mask}" if mask else ""
-                lines.append(f"if {bpred or 'True'}:")
-                lines.append(f"    tl.store({names.ptrs[p.target]} + {off}, {v}{m})")
-            else:
-                full = " & ".join(x for x in (mask, pred) if x)
-                m = f", mask={full}" if full else ""
-                lines.append(f"tl.store({names.ptrs[p.target]} + {off}, {v}{m})")
-        return lines
-
     # -- printing -----------------------------------------------------------
     def __repr__(self) -> str:
         body = "; ".join(_piece_repr(p) for p in self.pieces)
@@ -497,24 +418,6 @@ class IndexMap:
                             "index": [repr(e) for e in p.index],
                             "conds": [[repr(c), lo, hi] for c, lo, hi in p.conds],
                             "fill": p.fill} for p in self.pieces]}
-
-
-@dataclass
-class AccessNames:
-    """How the operands of a map are spelled inside one Triton kernel."""
-
-    ptrs: Mapping[str, str]                                  # target -> pointer argument
-    strides: Mapping[str, Sequence[int]]                     # target -> element strides
-    offsets: Mapping[str, int] = field(default_factory=dict)  # target -> storage offset (elements)
-    syms: Mapping[str, str] = field(default_factory=dict)     # runtime scalar -> argument
-    tables: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
-    dtypes: Mapping[str, str] = field(default_factory=dict)   # target -> tl dtype for stores
-    mask: str | None = None                                   # lanes allowed to read index tensors
-
-
-def _shape_of(idx: Sequence[str]) -> str:
-    # the broadcast shape of the index tensors, spelled as a Triton expression
-    return f"({' + '.join(f'{c} * 0' for c in idx)}).shape"
 
 
 def _piece_repr(p: Piece) -> str:
