@@ -1,4 +1,5 @@
 """IndexMap: composition against eager torch (property-based), and the queries the compiler asks."""
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -99,3 +100,38 @@ def test_run_length_of_a_gather_needs_no_index_values():
     i0, i1 = index_vars(2)
     m = IndexMap.single((5, 16), "x", (100, 16), [lookup("idx", [i0], 0, 99), i1])
     assert m.run_length() == 16
+
+
+@pytest.mark.parametrize("case", ["permute", "reshape", "reshape_infer", "broadcast", "narrow_step", "cat"])
+def test_movement_constructors_equal_torch(case):
+    """The one definition of each movement (used by ops.py's rules and the kernels' Operand views) is torch's."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=g)
+    if case == "permute":
+        m, want = IndexMap.permute(x.shape, [2, 0, -2], "x"), x.permute(2, 0, 1)
+    elif case == "reshape":
+        m, want = IndexMap.reshape(x.shape, [4, 6], "x"), x.reshape(4, 6)
+    elif case == "reshape_infer":
+        m, want = IndexMap.reshape(x.shape, [3, -1], "x"), x.reshape(3, -1)
+    elif case == "broadcast":
+        x = torch.randn(3, 1, generator=g)
+        m, want = IndexMap.broadcast(x.shape, [2, 3, 5], "x"), x.expand(2, 3, 5)
+    elif case == "narrow_step":
+        m, want = IndexMap.narrow(x.shape, -1, 1, 2, "x", step=2), x[..., 1:4:2]
+    else:
+        y = torch.randn(2, 5, 4, generator=g)
+        m, want = IndexMap.cat([("x", x.shape), ("y", y.shape)], 1), torch.cat([x, y], 1)
+        assert m.gather({"x": x, "y": y}).equal(want) and m.shape == tuple(want.shape)
+        return
+    assert m.shape == tuple(want.shape)
+    assert m.gather({"x": x}).equal(want)
+
+
+@pytest.mark.parametrize("bad", [lambda: IndexMap.permute((2, 3), [0, 0], "x"),
+                                 lambda: IndexMap.reshape((2, 3), [4, 2], "x"),
+                                 lambda: IndexMap.broadcast((2, 3), [3, 3], "x"),
+                                 lambda: IndexMap.narrow((2, 3), 1, 2, 2, "x"),
+                                 lambda: IndexMap.cat([("x", (2, 3)), ("y", (3, 3))], 1)])
+def test_movement_constructors_reject_impossible_views(bad):
+    with pytest.raises(ValueError):
+        bad()
