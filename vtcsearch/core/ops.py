@@ -147,7 +147,8 @@ def _bijection(call: OpCall, fwd: Callable[[list[Expr]], list[Expr]],
 
 def _reshape(call: OpCall) -> Movement:
     ins, outs = call.inputs[0], call.outputs[0]
-    return Movement(outputs=[IndexMap.reshape(ins, outs, "in0")], inverse=[(0, 0, IndexMap.reshape(outs, ins, "out0"))])
+    return Movement(outputs=[IndexMap.reshape(ins, outs, "in0")],
+                    inverse=[(0, 0, IndexMap.reshape(outs, ins, "out0"))])
 
 
 def _permute(call: OpCall, perm: Sequence[int]) -> Movement:
