@@ -322,3 +322,91 @@ def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
     assert case["error"].startswith("VTOG construction: KeyError") and "clamp_1" in case["error"]
     assert {r["status"] for r in s["rows"]} == {"failed"} and any("failed" in n for n in s["notes"])
     assert "case failed" in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------
+# results are never lost
+# ---------------------------------------------------------------------------
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_cpu_run_writes_to_its_modelled_folder_which_git_ignores():
+    """The quick start on a CPU must not touch the committed results: <output>-modelled, ignored by git."""
+    import subprocess
+    from vtcsearch.run import modelled_folder
+    cfg = load_config(ROOT / "configs" / "llama.yaml")
+    assert modelled_folder(cfg.output) == Path("results/llama-modelled")
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "results/llama-modelled/summary.json"])
+    assert ignored.returncode == 0
+    tracked = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "results/llama/summary.json"])
+    assert tracked.returncode == 1
+
+
+def test_a_cpu_run_refuses_a_folder_of_measured_results(tmp_path, capsys):
+    out = tmp_path / "measured"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"name": "tiny", "measured": True, "rows": []}))
+    before = (out / "summary.json").read_text()
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet"]) == 2
+    err = _err_line(capsys)
+    assert "measured" in err and "--force" in err
+    assert (out / "summary.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_append_on_a_corrupt_summary_is_one_line_naming_the_file(tmp_path, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text('{"name": "tiny", "measured": false, "rows": [{"case": "ll')   # cut short
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--append", "--force"]) == 2
+    err = _err_line(capsys)
+    assert str(out / "summary.json") in err and "corrupt" in err
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "read_only"])
+def test_unusable_out_is_one_line_exit_2(tmp_path, capsys, where):
+    f = tmp_path / "f.txt"
+    f.write_text("not a folder")
+    if where == "read_only":
+        out = Path("/sys/vtcsearch-out")     # read-only even for root
+        try:
+            out.mkdir()
+            out.rmdir()
+            pytest.skip("/sys is writable here")
+        except OSError:
+            pass
+    else:
+        out = f if where == "file" else f / "sub"
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet"]) == 2
+    assert str(out) in _err_line(capsys)
+    assert f.read_text() == "not a folder"
+
+
+def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
+    """A run interrupted while writing leaves the previous complete files and no temporaries."""
+    import shutil
+    import vtcsearch.report
+    from vtcsearch.atomic import write_json
+    from vtcsearch.run import Log, write_summary
+    _, first = tiny_run
+    out = tmp_path / "copy"
+    shutil.copytree(first, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    summary = json.loads((out / "summary.json").read_text())
+
+    def interrupted(s):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(vtcsearch.report, "markdown", interrupted)
+    summary["rows"][0]["latency_us"] = 1.0     # what a next case would change
+    with pytest.raises(KeyboardInterrupt):
+        write_summary(out, summary, [], Log(quiet=True), 1.0)
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert after["report.md"] == before["report.md"] and after["summary.json"] == before["summary.json"]
+    assert not [p for p in out.rglob(".*")], "temporary files left behind"
+    # a writer that fails half-way leaves the old file
+    with pytest.raises(TypeError):
+        write_json(out / "summary.json", {"x": object()})
+    assert (out / "summary.json").read_bytes() == before["summary.json"]
+    assert not [p for p in out.rglob(".*")]

@@ -10,6 +10,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from .atomic import atomic_path, write_text
+from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, VariantKind
+
 MIB = 2 ** 20
 
 
@@ -45,22 +48,23 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
               log: Callable[[str], None] = print) -> None:
     """summary.csv, kernels.csv, numerics.csv, the three plots and report.md; records them in summary['files']."""
     import pandas as pd
-    from .run import NUMERICS_FIELDS, ROW_FIELDS
 
     files = summary["files"]
-    from .run import INT_FIELDS
     df = pd.DataFrame(summary["rows"], columns=list(ROW_FIELDS))
     for c in INT_FIELDS:
         df[c] = df[c].astype("Int64")      # integers stay integers beside missing values
-    df.to_csv(out / "summary.csv", index=False)
+    with atomic_path(out / "summary.csv") as tmp:
+        df.to_csv(tmp, index=False)
     files["summary_csv"] = "summary.csv"
     kcols = ["case", "batch", "variant", "solver", "source", "unit", "kind", "us", "seconds", "bytes", "flops"]
     kdf = pd.DataFrame(with_provenance(kernel_rows, summary))
     kdf = kdf[[c for c in kcols if c in kdf.columns] + [c for c in kdf.columns if c not in kcols]] if len(kdf) \
         else pd.DataFrame(columns=kcols)
-    kdf.to_csv(out / "kernels.csv", index=False)
+    with atomic_path(out / "kernels.csv") as tmp:
+        kdf.to_csv(tmp, index=False)
     files["kernels_csv"] = "kernels.csv"
-    pd.DataFrame(summary["numerics"], columns=list(NUMERICS_FIELDS)).to_csv(out / "numerics.csv", index=False)
+    with atomic_path(out / "numerics.csv") as tmp:
+        pd.DataFrame(summary["numerics"], columns=list(NUMERICS_FIELDS)).to_csv(tmp, index=False)
     files["numerics_csv"] = "numerics.csv"
     files.update(write_plots(out, summary))
     files["vtog"] = sorted(str(p.relative_to(out)) for p in (out / "vtog").glob("*")) if (out / "vtog").exists() else []
@@ -69,7 +73,7 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
     files["summary_json"] = "summary.json"
     files["report"] = "report.md"
     files["log"] = "log.txt"
-    (out / "report.md").write_text(markdown(summary))
+    write_text(out / "report.md", markdown(summary))
     log(f"wrote {out}/: report.md, summary.csv/json, kernels.csv, numerics.csv, plots, {len(files['vtog'])} VTOG files")
 
 
@@ -120,7 +124,8 @@ def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
             ax.legend(fontsize=7, ncol=2)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
+        with atomic_path(out / name) as tmp:
+            fig.savefig(tmp, dpi=110)
         plt.close(fig)
         files[name.split(".")[0] + "_png"] = name
 
@@ -146,7 +151,8 @@ def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
     ax.set_title("Where the time goes" + suffix)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "breakdown.png", dpi=110)
+    with atomic_path(out / "breakdown.png") as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     files["breakdown_png"] = "breakdown.png"
     return files
@@ -216,7 +222,7 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_fmt(r['eliminated_ops'], 'd')} | {num} |")
     lines.append("")
 
-    solved = [r for r in summary["rows"] if r["kind"] == "vtcsearch" and r["status"] == "ok"]
+    solved = [r for r in summary["rows"] if r["kind"] == VariantKind.VTCSEARCH and r["status"] == "ok"]
     if solved:
         lines += ["## Search", "", "| case | batch | solver | predicted us | objective | virtual tensors | "
                   "residual copies | status | wall s | oracle calls | unit queries | measurements |",

@@ -21,6 +21,9 @@ this process (:func:`experiments.baselines.run_variant`).  Without one, nothing
 can be timed: the model is a meta-device shell, the search uses the analytical
 H200 profile, latencies are *modelled*, and numerics are checked on a
 scaled-down copy realized through Triton's interpreter (the report says so).
+Where: a GPU run writes to the config's ``output`` folder; a CPU (modelled) run to
+``<output>-modelled/`` (git-ignored), and an explicit ``--out`` holding measured results is
+refused unless ``--force``.  Every file is replaced atomically (:mod:`vtcsearch.atomic`).
 Exit status: 0; 1 if a numerics check or a whole case failed (the other cases still run and
 are reported); 2 for a bad config or arguments.
 """
@@ -35,50 +38,25 @@ import os
 import platform
 import re
 import sys
+import tempfile
 import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from . import atomic
+from .codegen.interpreter import ensure_interpreter
 from .config import Config, ConfigError, check_solvers, load_config, torch_dtype
+from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, SCHEMA_VERSION, VariantKind, solver_of, variant_name  # noqa: F401
 
-SCHEMA_VERSION = 1
 QUICK_BUDGETS = {"ilp": 10.0, "optuna": 30.0}      # --quick caps these solver budgets
 QUICK_SKIPS = {"compile_max_autotune": "skipped by --quick (autotuning takes minutes)"}
-
-# summary.csv columns, in order (documented in the README: keep stable)
-ROW_FIELDS = (
-    "case", "batch", "workload", "variant", "kind", "solver", "status", "reason",
-    "latency_us", "latency_source", "predicted_latency_us", "measured_latency_us", "measured_p20_us",
-    "measured_p80_us", "speedup_vs_none", "speedup_vs_best_baseline", "objective",
-    "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
-    "kernels", "movement_kernels", "movement_us", "compute_us",
-    "virtual_tensors", "eliminated_ops", "residual_copies",
-    "solver_status", "solve_wall_s", "oracle_calls", "unit_queries", "measurements",
-    "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err",
-)
-INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",
-              "movement_kernels", "virtual_tensors", "eliminated_ops", "residual_copies", "oracle_calls",
-              "unit_queries", "measurements")
-NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
-                   "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
-                   "copy_kernels", "fallbacks", "same_strategy_as", "error")
 
 
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def ensure_interpreter() -> None:
-    """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.codegen.kernels is imported."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    if "vtcsearch.codegen.kernels" in sys.modules:
-        raise RuntimeError("vtcsearch.codegen.kernels was imported without TRITON_INTERPRET=1: set it in the "
-                           "environment to realize on the CPU")
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
 def case_label(params: dict[str, Any], default: str) -> str:
     """A readable name of a case: string values as they are, others as key=value."""
     parts = [str(v) if isinstance(v, str) else f"{k}={v}" for k, v in params.items()]
@@ -366,7 +344,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     log(f"   {w.name}: {gs['kernels']} kernels, {gs['movement_ops']} movement ops; VTOG {vs['nodes']} nodes, "
         f"{vs['edges']} edges, {vs['candidates']} candidates (capture {t_capture:.1f} s)")
     (ctx.out / "vtog").mkdir(exist_ok=True)
-    vtog.write_json(str(ctx.out / "vtog" / f"{fid}.json"), run=ctx.run)
+    atomic.write_json(ctx.out / "vtog" / f"{fid}.json", {**vtog.to_json(), "written_by": ctx.run}, indent=1)
     case = {"case": label, "batch": batch, "id": fid, "workload": w.name, "description": w.description,
             "params": {**full_params, "size": cfg.workload.size}, "dtype": cfg.dtype,
             "graph": {k: gs[k] for k in ("tensors", "ops", "movement_ops", "compute_ops", "kernels",
@@ -382,7 +360,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     rows: list[dict[str, Any]] = []
     evals: dict[str, Any] = {}
     for name, res in results.items():
-        row = {"case": label, "batch": batch, "workload": w.name, "variant": f"vtc_{name}", "kind": "vtcsearch",
+        row = {"case": label, "batch": batch, "workload": w.name, "variant": variant_name(name), "kind": VariantKind.VTCSEARCH,
                "solver": name}
         if isinstance(res, tuple):
             row.update(status=res[0], reason=res[1])
@@ -404,10 +382,11 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                    residual_copies=len(s.residuals), solver_status=res.status, solve_wall_s=res.wall_s,
                    oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
         for r in ev.rows:
-            kernel_rows.append({"case": label, "batch": batch, "variant": f"vtc_{name}", "solver": name,
+            kernel_rows.append({"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
                                 "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r})
         (ctx.out / "strategies").mkdir(exist_ok=True)
-        s.write_json(str(ctx.out / "strategies" / f"{fid}_{name}.json"), run=ctx.run)
+        atomic.write_json(ctx.out / "strategies" / f"{fid}_{name}.json", {**s.to_json(), "written_by": ctx.run},
+                          indent=1)
         log(f"   {name:10s} predicted {ev.latency_s * 1e6:10.1f} us, {len(s.virtual)} virtual, "
             f"{len(s.eliminated_ops())} ops eliminated, {row['movement_kernels']} copies "
             f"({res.status}, {res.wall_s:.1f} s)")
@@ -421,7 +400,8 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
         best = case["best_solver"]
         for name in (ok_names if cfg.draw == "all" else [best]):
             try:
-                vtog.draw(str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=results[name].strategy.edges,
+                from .plotting import draw_vtog
+                draw_vtog(vtog, str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=set(results[name].strategy.edges),
                           title=f"{w.name} bs{batch}: points-to graph of {name}")
             except Exception as e:   # a picture must not sink the run
                 ctx.notes.append(f"could not draw the {name} points-to graph of {label} bs{batch}: {first_line(e)}")
@@ -435,7 +415,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
         for name in cfg.baselines:
             reason = ("needs CUDA: on this machine the model is a meta-device shell and nothing is timed "
                       "(vtcsearch latencies are modelled)")
-            rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": "baseline",
+            rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": VariantKind.BASELINE,
                          "status": "skipped", "reason": reason})
     finish_rows(rows, ctx.measured)
     return case, rows
@@ -508,7 +488,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             # realized inside build, so the variant's peak memory counts its own storages
             exes[name] = realize(graph, s, model)
             return exes[name].cuda_graph().replay
-        variants.append(Variant(f"vtc_{name}", build))
+        variants.append(Variant(variant_name(name), build))
     by_variant = {r["variant"]: r for r in rows}
     extra: list[dict[str, Any]] = []
     with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:
@@ -518,10 +498,10 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             restore()
             row = by_variant.get(var.name)
             if row is None:
-                row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": "baseline"}
+                row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": VariantKind.BASELINE}
                 extra.append(row)
             if m.skipped:
-                row.update(status="skipped" if row["kind"] == "baseline" else "failed", reason=m.skipped)
+                row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=m.skipped)
                 log(f"   {var.name:22s} {row['status']}: {m.skipped}")
             else:
                 row.update(status="ok", measured_latency_us=m.median_us, measured_p20_us=m.p20_us,
@@ -529,7 +509,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                            movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us)
                 log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
                     f"{m.kernels} kernels ({m.movement_kernels} movement)")
-            name = var.name[4:] if var.name.startswith("vtc_") else None
+            name = solver_of(var.name)
             if copy is not None and name in exes:
                 rec = copy.check_exe(name, results[name].strategy, exe=exes[name])
                 numerics_rows.append({"case": label, **rec})
@@ -558,9 +538,9 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
             "description": "", "params": {**cfg.workload.params, **params, "size": cfg.workload.size},
             "dtype": cfg.dtype, "graph": {}, "vtog": {}, "build_s": 0.0, "capture_s": 0.0, "vtog_s": 0.0,
             "best_solver": None, "error": reason}
-    rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": f"vtc_{s}",
-             "kind": "vtcsearch", "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
-    rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": "baseline",
+    rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": variant_name(s),
+             "kind": VariantKind.VTCSEARCH, "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
+    rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": VariantKind.BASELINE,
               "status": "failed", "reason": "the case failed before benchmarking"} for b in cfg.baselines]
     finish_rows(rows, ctx.measured)
     return case, rows
@@ -575,8 +555,8 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
             r["latency_us"], r["latency_source"] = r["measured_latency_us"], "measured"
         elif r["predicted_latency_us"] is not None and not measured:
             r["latency_us"], r["latency_source"] = r["predicted_latency_us"], "modelled"
-    none = next((r for r in rows if r["variant"] == "vtc_none" and r["latency_us"]), None)
-    base = [r["measured_latency_us"] for r in rows if r["kind"] == "baseline" and r["measured_latency_us"]]
+    none = next((r for r in rows if r["variant"] == variant_name("none") and r["latency_us"]), None)
+    base = [r["measured_latency_us"] for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]]
     best = min(base) if base else None
     for r in rows:
         if r["latency_us"]:
@@ -648,9 +628,54 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
     summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS} for r in latest.values()]   # appended runs: last wins
     report.write_all(out, summary, kernel_rows, log)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=False)
-                                      if _finite(summary) else json.dumps(_clean(summary), indent=1, default=str))
-    (out / "log.txt").write_text("\n".join(log.lines) + "\n")
+    atomic.write_json(out / "summary.json", summary if _finite(summary) else _clean(summary), indent=1, default=str,
+                      allow_nan=False)
+    atomic.write_text(out / "log.txt", "\n".join(log.lines) + "\n")
+
+
+class OutputError(Exception):
+    """The output folder cannot be used (a file, read-only, corrupt, or holding measured results): exit 2."""
+
+
+def modelled_folder(output: str | Path) -> Path:
+    """Where a run without a GPU writes by default: ``<output>-modelled`` (git-ignored), never ``output``."""
+    p = Path(output)
+    return p.parent / f"{p.name}-modelled"
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """An earlier run's summary.json; a truncated or corrupt one is a one-line :class:`OutputError`."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:     # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise OutputError(f"{path} is truncated or corrupt ({first_line(e)}): move it away or choose another "
+                          f"--out") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows", []), list):
+        raise OutputError(f"{path} is not a vtcsearch summary.json: move it away or choose another --out")
+    return data
+
+
+def prepare_out(out: Path, *, measured: bool, force: bool) -> None:
+    """Check and create the output folder before anything runs; every refusal is one line (OutputError).
+
+    A run without a GPU never replaces measured results: a folder whose summary.json says
+    ``measured`` is refused unless ``force``.
+    """
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out}: is a file, not a folder")
+    above = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if above is not None:
+        raise OutputError(f"--out {out}: {above} is a file, not a folder")
+    summary = out / "summary.json"
+    if not measured and not force and summary.exists() and read_summary(summary).get("measured"):
+        raise OutputError(f"--out {out}: holds measured (GPU) results ({summary}); this run has no GPU and would "
+                          f"replace them with modelled ones: choose another --out, or add --force")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot write there ({e.strerror or first_line(e)})") from None
 
 
 def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]]) -> list[dict[str, Any]]:
@@ -659,7 +684,7 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
     path = out / "summary.json"
     if not path.exists():
         return []
-    old = json.loads(path.read_text())
+    old = read_summary(path)
     if old.get("name") != summary["name"] or old.get("measured") != summary["measured"]:
         raise ConfigError(f"--append: {path} holds {old.get('name')!r} "
                           f"({'measured' if old.get('measured') else 'modelled'}), not this run's "
@@ -674,7 +699,10 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
     kpath = out / "kernels.csv"
     if not kpath.exists() or kpath.stat().st_size == 0:
         return []
-    kdf = pd.read_csv(kpath)
+    try:
+        kdf = pd.read_csv(kpath)
+    except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
+        raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
     return [r for r in kdf.to_dict("records") if keep(r)]
 
 
@@ -721,6 +749,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--append", action="store_true",
                     help="keep the cases already in the output folder that this run does not redo "
                          "(run a config in pieces, e.g. one --batch per call)")
+    ap.add_argument("--force", action="store_true",
+                    help="let a run without a GPU write into a folder holding measured results")
     ap.add_argument("--quiet", action="store_true", help="no progress lines (the summary table is still printed)")
     return ap.parse_args(argv)
 
@@ -762,7 +792,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    out = Path(args.out or cfg.output)
+    # a modelled run never lands in the config's folder of committed (measured) results
+    out = Path(args.out) if args.out else Path(cfg.output) if device == "cuda" else modelled_folder(cfg.output)
+    try:
+        prepare_out(out, measured=device == "cuda", force=args.force)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
     log = Log(quiet=args.quiet)
     try:
@@ -770,6 +806,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              append=args.append)
     except ConfigError as e:
         print(f"ConfigError: {e}", file=sys.stderr)
+        return 2
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     from .report import print_table
     print_table(summary)
