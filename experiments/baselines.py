@@ -1,8 +1,8 @@
 """Baselines measured side by side with vtcsearch: eager, CUDA graphs, torch.compile (default, max-autotune).
 
-Every variant is timed the same way in the same process: warm-up first, then
-the median of many repeats with CUDA events (``triton.testing.do_bench``), or
-CUDA-graph replays where the variant uses graphs.  Peak memory comes from
+Every variant is timed the same way in the same process, by the project's one timer
+(:func:`vtcsearch.codegen.timing.bench`): warm-up first, then the median of CUDA-event
+timings of CUDA-graph replays, or of plain calls for variants that run their own graphs.  Peak memory comes from
 PyTorch's memory stats, and torch.profiler splits kernel time into data
 movement and compute by kernel name.  A variant that cannot run here is
 returned as skipped, with the reason.
@@ -12,12 +12,12 @@ from __future__ import annotations
 import copy
 import gc
 import re
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+
+from vtcsearch.codegen.timing import bench
 
 BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph")
 # compile_max_autotune: torch.compile(mode="max-autotune"), its own CUDA graphs (cudagraph trees), timed per call;
@@ -50,53 +50,9 @@ class Measurement:
         return asdict(self)
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on (written beside every result)."""
-    import platform
-
-    import triton
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "torch": torch.__version__, "triton": triton.__version__}
-
-
 def is_movement_kernel(name: str) -> bool:
     """Classify a GPU kernel by name; compute hints win (a fused GEMM epilogue named '..._cat_...')."""
     return bool(MOVEMENT_KERNEL.search(name)) and not COMPUTE_HINT.search(name)
-
-
-def time_cuda(fn: Callable[[], Any], *, warmup_ms: float = 50, rep_ms: float = 300,
-              cuda_graph: bool = False) -> tuple[float, float, float]:
-    """(median, p20, p80) in microseconds of ``fn`` on the current CUDA device."""
-    import triton.testing
-
-    if cuda_graph:
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    else:
-        run = fn
-    q = triton.testing.do_bench(run, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-    return tuple(float(x) * 1000.0 for x in q)  # ms -> us
-
-
-def time_cpu(fn: Callable[[], Any], *, repeats: int = 20) -> tuple[float, float, float]:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    ts.sort()
-    return statistics.median(ts), ts[len(ts) // 5], ts[(4 * len(ts)) // 5]
 
 
 def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, float, float]:
@@ -127,10 +83,9 @@ def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, fl
 def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True) -> Measurement:
     """Time and profile one ready-to-run variant (on CUDA), or time it on the CPU."""
     m = Measurement(name)
+    m.median_us, m.p20_us, m.p80_us = bench(fn, cuda_graph=cuda_graph).quantiles()
     if not torch.cuda.is_available():
-        m.median_us, m.p20_us, m.p80_us = time_cpu(fn)
         return m
-    m.median_us, m.p20_us, m.p80_us = time_cuda(fn, cuda_graph=cuda_graph)
     if profile:
         m.kernels, m.movement_kernels, m.movement_us, m.compute_us = profile_kernels(fn)
     return m

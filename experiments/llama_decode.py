@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from experiments.baselines import machine
+from vtcsearch.codegen.timing import machine
 
 HBM_BYTES_PER_S = 4.3e12      # measured device-to-device copy bandwidth of the H200 (KINDS.md)
 BF16_FLOPS = 790e12           # measured dense bf16 matrix rate

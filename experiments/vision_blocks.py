@@ -44,7 +44,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from experiments.baselines import machine
+from vtcsearch.codegen.timing import machine
 
 BATCHES = (1, 16)
 DTYPE = torch.float16
@@ -159,12 +159,12 @@ def realize_checked(graph, strategy, blk: Block, ref: list[torch.Tensor]) -> tup
 
 def step_times(exes: dict[str, Any], blk: Block, batch: int) -> list[dict[str, Any]]:
     """Every step (kernel or copy) of each realized strategy timed alone: where a strategy wins or loses."""
-    from experiments.baselines import time_cuda
+    from vtcsearch.codegen.timing import bench
     rows = []
     for name, exe in exes.items():
         for st in exe.steps:
             rows.append({"block": blk.name, "batch": batch, "strategy": name, "step": st.name, "kind": st.kind,
-                         "lowering": st.lowering, "us": time_cuda(st.launch, cuda_graph=True)[0],
+                         "lowering": st.lowering, "us": bench(st.launch).median_us,
                          "modes": "; ".join(f"{p.name} {p.modes} {p.config}" for p, _ in st.launch.plans)})
     return rows
 
@@ -172,7 +172,7 @@ def step_times(exes: dict[str, Any], blk: Block, batch: int) -> list[dict[str, A
 def conv_layers(graph, exes: dict[str, Any], blk: Block, batch: int) -> list[dict[str, Any]]:
     """Per conv kernel: the Triton conv (+ fused epilogue) as realized by each strategy, and cuDNN's conv
     on dense operands of the same shapes (conv only: eager runs the epilogue as separate kernels)."""
-    from experiments.baselines import time_cuda
+    from vtcsearch.codegen.timing import bench
     aten = torch.ops.aten
     rows = []
     steps = {name: {st.name: st for st in exe.steps} for name, exe in exes.items()}
@@ -188,7 +188,7 @@ def conv_layers(graph, exes: dict[str, Any], blk: Block, batch: int) -> list[dic
         for name, st in ((n, s.get(gname)) for n, s in steps.items()):
             key = f"triton_{name.removeprefix('vtc_')}_us"
             try:
-                row[key] = time_cuda(st.launch, cuda_graph=True)[0] if st is not None and st.lowering == "conv" \
+                row[key] = bench(st.launch).median_us if st is not None and st.lowering == "conv" \
                     else None
             except Exception as e:  # a failure of one measurement is reported
                 row[key] = None
@@ -198,8 +198,7 @@ def conv_layers(graph, exes: dict[str, Any], blk: Block, batch: int) -> list[dic
             w = exe.storages[op.inputs[1]]
             b = exe.storages[op.inputs[2]] if len(op.inputs) > 2 else None
             x = torch.randn(x_info.shape, dtype=x_info.dtype, device=w.device)
-            row["cudnn_us"] = time_cuda(lambda: aten.convolution(x, w, b, a[3], a[4], a[5], a[6], a[7], a[8]),
-                                        cuda_graph=True)[0]
+            row["cudnn_us"] = bench(lambda: aten.convolution(x, w, b, a[3], a[4], a[5], a[6], a[7], a[8])).median_us
         except Exception as e:
             row["cudnn_us"] = None
             row.setdefault("notes", []).append(f"cudnn: {type(e).__name__}: {e}"[:200])

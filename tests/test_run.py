@@ -410,3 +410,49 @@ def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
         write_json(out / "summary.json", {"x": object()})
     assert (out / "summary.json").read_bytes() == before["summary.json"]
     assert not [p for p in out.rglob(".*")]
+
+
+# ---------------------------------------------------------------------------
+# one timer, one machine()
+# ---------------------------------------------------------------------------
+def test_bench_on_the_cpu_times_the_callable():
+    import time as _time
+    from vtcsearch.codegen.timing import bench
+    calls = []
+
+    def fn():
+        calls.append(1)
+        _time.sleep(0.002)
+    t = bench(fn, device="cpu", warmup=2, repeats=5)
+    assert len(calls) == 7 and t.samples == 5 and t.method == "perf_counter"
+    assert 1900 <= t.p20_us <= t.median_us <= t.p80_us
+    with pytest.raises(ValueError):
+        bench(fn, device="cpu", repeats=0)
+
+
+def test_one_timer_and_one_machine_everywhere():
+    """The profiling oracle, the baselines and the runner time and describe the machine through codegen.timing."""
+    import cost_models.profiling as profiling
+    import experiments.baselines as baselines
+    import vtcsearch.codegen.timing as timing
+    import vtcsearch.run as run
+    assert run.machine is timing.machine and baselines.bench is timing.bench
+    assert not hasattr(baselines, "machine") and not hasattr(run, "machine_info")
+    m = timing.machine("cpu")
+    assert m["device"] == "cpu" and m["gpu"] is None and m["torch"] == torch.__version__
+    calls = []
+    assert profiling.time_callable(lambda: calls.append(1), "cpu", repeats=4, warmup=1) >= 0 and len(calls) == 5
+
+
+@pytest.mark.gpu
+def test_bench_cuda_graph_replays_on_the_gpu():
+    from vtcsearch.codegen.timing import bench
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.empty_like(x)
+    g = bench(lambda: y.copy_(x))
+    e = bench(lambda: y.copy_(x), cuda_graph=False)
+    assert g.method == "cuda_graph" and e.method == "cuda_events" and g.samples >= 10
+    assert 0 < g.p20_us <= g.median_us <= g.p80_us and 0 < e.median_us
+    assert torch.equal(y, x)

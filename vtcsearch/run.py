@@ -35,7 +35,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import re
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import atomic
 from .codegen.interpreter import ensure_interpreter
+from .codegen.timing import machine
 from .config import Config, ConfigError, check_solvers, load_config, torch_dtype
 from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, SCHEMA_VERSION, VariantKind, solver_of, variant_name  # noqa: F401
 
@@ -84,18 +84,6 @@ def errors(a, b) -> tuple[float, float]:
     diff = (a64 - b64).nan_to_num(nan=math.inf)
     rel = float(diff.norm() / max(float(b64.norm()), 1e-30)) if diff.numel() else 0.0
     return rel, float(diff.abs().max()) if diff.numel() else 0.0
-
-
-def machine_info(device: str) -> dict[str, Any]:
-    import torch
-    try:
-        import triton
-        triton_version = triton.__version__
-    except Exception:  # pragma: no cover - triton is a dependency
-        triton_version = None
-    return {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-            "cpu": platform.processor() or platform.machine(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__, "triton": triton_version}
 
 
 class Log:
@@ -589,7 +577,7 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                          f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
     log(f"vtcsearch run {cfg.name}: {cfg.description or cfg.workload.name} | device {device} | oracle "
         f"{ctx.oracle.name} | objective {cfg.objective}" + (" | quick" if quick else ""))
-    ctx.run = this_run = {"command": command, "machine": machine_info(device),
+    ctx.run = this_run = {"command": command, "machine": machine(device),
                           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     summary = {
         "schema_version": SCHEMA_VERSION, "name": cfg.name, "description": cfg.description,
