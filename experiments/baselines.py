@@ -19,7 +19,12 @@ import torch
 
 from vtcsearch.codegen.timing import bench
 
-BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph")
+BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph",
+             "handwritten_compiled")
+# handwritten_compiled: the gpt-fast style model of experiments/handwritten.py (Llama workloads only: head-major
+# KV cache, SDPA with GQA), max-autotune-no-cudagraphs in one CUDA graph like compile_max_autotune_graph.  It is
+# other code than the workload's, so it is a reference beside the baselines, not counted as the best baseline:
+REFERENCE_BASELINES = ("handwritten_compiled",)
 # compile_max_autotune: torch.compile(mode="max-autotune"), its own CUDA graphs (cudagraph trees), timed per call;
 # compile_max_autotune_graph: mode="max-autotune-no-cudagraphs" captured in one CUDA graph and timed as replays,
 # exactly as the vtcsearch variants are: the same kernels without the per-call overhead of cudagraph trees
@@ -158,6 +163,8 @@ def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
                        else Variant(name, None, skipped="needs CUDA"))
         elif not cuda:
             out.append(Variant(name, None, skipped="needs CUDA: the comparison is GPU latency"))
+        elif name == "handwritten_compiled":
+            out.append(handwritten_variant(model, example_inputs))
         else:
             mode = {"compile_default": None, "compile_max_autotune": "max-autotune",
                     "compile_max_autotune_graph": "max-autotune-no-cudagraphs"}[name]
@@ -184,3 +191,18 @@ def run_baselines(model: torch.nn.Module, example_inputs: Sequence[Any],
                   names: Sequence[str] = BASELINES) -> list[Measurement]:
     """Measure each baseline; failures (a compile error, out of memory) become skipped entries."""
     return [run_variant(v)[0] for v in baseline_variants(model, example_inputs, names)]
+
+
+def handwritten_variant(model: torch.nn.Module, example_inputs: Sequence[Any]) -> Variant:
+    """The hand-written (gpt-fast style) equivalent of a Llama workload's model, compiled like
+    compile_max_autotune_graph; its head-major caches are made here, before the variant's memory is counted."""
+    from experiments.handwritten import HeadMajorAttention, handwritten
+    try:
+        hw = handwritten(model)        # shares the weights, owns its caches (same values)
+        if not any(isinstance(m, HeadMajorAttention) for m in hw.modules()):
+            raise TypeError("no Llama Attention module in it")
+    except Exception as e:
+        return Variant("handwritten_compiled", None, skipped=f"no hand-written model for this workload "
+                                                               f"({type(e).__name__}: {str(e)[:200]})")
+    return Variant("handwritten_compiled", compiled_builder(hw, example_inputs, "max-autotune-no-cudagraphs"),
+                   cuda_graph=True, shared_bytes=model_bytes(hw))

@@ -34,7 +34,6 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import os
 import re
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from . import atomic
+from . import atomic, floors
 from .codegen.interpreter import ensure_interpreter
 from .codegen.timing import machine
 from .config import Config, ConfigError, check_solvers, load_config, torch_dtype
@@ -133,6 +132,8 @@ class RunContext:
     log: Log
     oracle: Any = None
     stage: str = ""             # the step of the case in progress (for failure messages)
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)         # steps.csv rows
+    conv_layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # conv_layers.csv rows
     notes: list[str] = dataclasses.field(default_factory=list)
     run: dict[str, Any] = dataclasses.field(default_factory=dict)   # command, date, machine of this run
 
@@ -340,6 +341,12 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             "vtog": {k: vs[k] for k in ("nodes", "edges", "options", "candidates", "conflicts", "edges_by_class")},
             "build_s": t_build, "capture_s": t_capture, "vtog_s": t_vtog, "best_solver": None,
             "error": None}
+    hw = None
+    if cfg.breakdown.floors:
+        hw = floors.hardware(cfg.hardware)
+        case["floor"] = floors.case_floor(graph, hw, dtype)
+        log(f"   floor {case['floor']['floor_us']:.1f} us ({case['floor']['floor_bytes'] / 1e6:.1f} MB, "
+            f"{cfg.hardware} at {hw.bandwidth / 1e12:.1f} TB/s)")
 
     # search
     ctx.stage = "search"
@@ -347,6 +354,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     acc = ctx.oracle.accounting(vtog)
     rows: list[dict[str, Any]] = []
     evals: dict[str, Any] = {}
+    unit_floors: dict[str, dict[str, float | None]] = {}     # solver -> unit -> floor us
     for name, res in results.items():
         row = {"case": label, "batch": batch, "workload": w.name, "variant": variant_name(name), "kind": VariantKind.VTCSEARCH,
                "solver": name}
@@ -370,8 +378,13 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                    residual_copies=len(s.residuals), solver_status=res.status, solve_wall_s=res.wall_s,
                    oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
         for r in ev.rows:
-            kernel_rows.append({"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
-                                "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r})
+            krow = {"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
+                    "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r}
+            if hw is not None:
+                krow["floor_us"] = floors.kernel_floor_us(r, hw, dtype)
+                krow["x_floor"] = floors.ratio(krow["us"], krow["floor_us"])
+                unit_floors.setdefault(name, {})[r["unit"]] = krow["floor_us"]
+            kernel_rows.append(krow)
         (ctx.out / "strategies").mkdir(exist_ok=True)
         atomic.write_json(ctx.out / "strategies" / f"{fid}_{name}.json", {**s.to_json(), "written_by": ctx.run},
                           indent=1)
@@ -397,7 +410,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # numerics and benchmark
     ctx.stage = "benchmark" if ctx.measured else "numerics"
     if ctx.measured:
-        rows += gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows)
+        rows += gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows, unit_floors)
     else:
         cpu_numerics(ctx, params, full_params, batch, label, results, rows, numerics_cache, numerics_rows)
         for name in cfg.baselines:
@@ -405,7 +418,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                       "(vtcsearch latencies are modelled)")
             rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": VariantKind.BASELINE,
                          "status": "skipped", "reason": reason})
-    finish_rows(rows, ctx.measured)
+    finish_rows(rows, ctx.measured, case.get("floor", {}).get("floor_us"))
     return case, rows
 
 
@@ -444,9 +457,13 @@ def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, ro
                                numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
 
 
-def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows) -> list[dict[str, Any]]:
-    """Realize each strategy at full size and time it beside the baselines, in this process; check numerics."""
+def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows,
+                  unit_floors: dict[str, dict[str, float | None]]) -> list[dict[str, Any]]:
+    """Realize each strategy at full size and time it beside the baselines, in this process; check numerics;
+    with ``breakdown.steps`` / ``conv_layers``, time each step / conv kernel of each executable alone."""
     import torch
+
+    from .breakdown import conv_layer_rows, step_rows
     from experiments.baselines import Variant, baseline_variants, run_variant
     from vtcsearch.codegen.realize import realize
 
@@ -498,6 +515,13 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                 log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
                     f"{m.kernels} kernels ({m.movement_kernels} movement)")
             name = solver_of(var.name)
+            where = {"case": label, "batch": batch, "variant": var.name}
+            if name in exes and cfg.breakdown.steps:
+                ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]
+                restore()
+            if name in exes and cfg.breakdown.conv_layers:
+                ctx.conv_layers += [{**where, **r} for r in conv_layer_rows(graph, exes[name])]
+                restore()
             if copy is not None and name in exes:
                 rec = copy.check_exe(name, results[name].strategy, exe=exes[name])
                 numerics_rows.append({"case": label, **rec})
@@ -534,8 +558,13 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
     return case, rows
 
 
-def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
-    """Headline latency (measured where there is one), speedups, and every field present."""
+def finish_rows(rows: list[dict[str, Any]], measured: bool, floor_us: float | None = None) -> None:
+    """Headline latency (measured where there is one), speedups, floor ratios, and every field present.
+
+    The best baseline is the best run of the same model code: reference baselines (other code, such as
+    the hand-written model) are reported beside it, not counted.
+    """
+    from experiments.baselines import REFERENCE_BASELINES
     for r in rows:
         for f in ROW_FIELDS:
             r.setdefault(f, None)
@@ -544,7 +573,8 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
         elif r["predicted_latency_us"] is not None and not measured:
             r["latency_us"], r["latency_source"] = r["predicted_latency_us"], "modelled"
     none = next((r for r in rows if r["variant"] == variant_name("none") and r["latency_us"]), None)
-    base = [r["measured_latency_us"] for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]]
+    base = [r["measured_latency_us"] for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]
+            and r["variant"] not in REFERENCE_BASELINES]
     best = min(base) if base else None
     for r in rows:
         if r["latency_us"]:
@@ -552,6 +582,8 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
                 r["speedup_vs_none"] = none["latency_us"] / r["latency_us"]
             if best and r["measured_latency_us"]:
                 r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
+            if floor_us:
+                r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
 
 
 def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, command: str = "",
@@ -584,6 +616,7 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
         "config_path": cfg.path, **this_run, "wall_s": None, "measured": ctx.measured,
         "oracle": ctx.oracle.describe(), "objective": cfg.objective, "config": cfg.to_dict(),
         "cases": [], "rows": [], "numerics": [], "notes": ctx.notes, "files": {}, "runs": [this_run],
+        "steps": ctx.steps, "conv_layers": ctx.conv_layers,      # breakdown.steps / conv_layers (GPU)
     }
     kernel_rows: list[dict[str, Any]] = []
     if append:
@@ -610,8 +643,8 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     summary["wall_s"] = wall_s
     labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
-    for key in ("cases", "rows", "numerics"):   # config order, whatever order appended pieces ran in
-        summary[key].sort(key=order)
+    for key in ("cases", "rows", "numerics", "steps", "conv_layers"):   # config order, whatever order appended
+        summary[key].sort(key=order)                                     # pieces ran in (in place: ctx fills them)
     summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in summary["rows"]]
     latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
     summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS} for r in latest.values()]   # appended runs: last wins
@@ -681,6 +714,8 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
     summary["cases"] = [c for c in old["cases"] if keep(c)]
     summary["rows"] = [r for r in old["rows"] if keep(r)]
     summary["numerics"] = [r for r in old["numerics"] if keep(r)]
+    for key in ("steps", "conv_layers"):       # in place: the run context appends to these lists
+        summary[key][:0] = [r for r in old.get(key, []) if keep(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
     earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
     summary["runs"][:0] = earlier
