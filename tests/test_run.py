@@ -43,15 +43,17 @@ ROW_TYPES = {
     "virtual_tensors": OPT_INT, "eliminated_ops": OPT_INT, "residual_copies": OPT_INT, "solver_status": OPT_STR,
     "solve_wall_s": OPT_NUM, "oracle_calls": OPT_INT, "unit_queries": OPT_INT, "measurements": OPT_INT,
     "numerics_ok": OPT_BOOL, "numerics_size": OPT_STR, "numerics_rel_err": OPT_NUM, "numerics_max_abs_err": OPT_NUM,
+    "floor_us": OPT_NUM, "x_floor": OPT_NUM,
 }
 TOP_TYPES = {
     "schema_version": int, "name": str, "description": str, "config_path": OPT_STR, "command": str, "date": str,
     "wall_s": NUM, "measured": bool, "machine": dict, "oracle": dict, "objective": str, "config": dict,
     "cases": list, "rows": list, "numerics": list, "notes": list, "files": dict, "runs": list,
+    "steps": list, "conv_layers": list,
 }
 CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
               "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
-              "best_solver": OPT_STR, "error": OPT_STR}
+              "best_solver": OPT_STR, "error": OPT_STR, "floor": (dict, type(None))}
 
 
 def typed(value, types) -> bool:
@@ -104,6 +106,12 @@ def test_summary_csv_and_kernel_breakdown(tiny_run):
     assert {r["kind"] for r in krows} <= {"kernel", "copy"}
     with open(out / "numerics.csv") as f:
         assert tuple(next(csv.reader(f))) == NUMERICS_FIELDS
+    # breakdown.floors: every kernel with bytes has a floor, and no model beats the hardware
+    floored = [r for r in krows if r["floor_us"]]
+    assert floored and all(float(r["x_floor"]) >= 1.0 - 1e-9 for r in floored)
+    for r in rows:
+        if r["kind"] == "vtcsearch":
+            assert float(r["floor_us"]) > 0 and float(r["x_floor"]) >= 1.0
 
 
 def test_summary_json_schema(tiny_run):
@@ -456,3 +464,103 @@ def test_bench_cuda_graph_replays_on_the_gpu():
     assert g.method == "cuda_graph" and e.method == "cuda_events" and g.samples >= 10
     assert 0 < g.p20_us <= g.median_us <= g.p80_us and 0 < e.median_us
     assert torch.equal(y, x)
+
+
+# ---------------------------------------------------------------------------
+# one pipeline: what the old benchmark scripts measured, as runner options
+# ---------------------------------------------------------------------------
+def test_floors_bound_the_modelled_times():
+    """A kernel's floor is max(DRAM bytes / bandwidth, FLOPs / peak) at the preset's measured numbers."""
+    from vtcsearch.floors import hardware, kernel_floor_us, ratio
+    hw = hardware("H200")
+    assert kernel_floor_us({"dram_bytes": 4.3e6, "flops": 0.0}, hw, torch.bfloat16) == pytest.approx(1.0)
+    assert kernel_floor_us({"dram_bytes": 0.0, "flops": 790e6}, hw, torch.bfloat16) == pytest.approx(1.0)
+    assert kernel_floor_us({"dram_bytes": 4.3e6, "flops": 2 * 790e6}, hw, torch.bfloat16) == pytest.approx(2.0)
+    assert kernel_floor_us({}, hw, torch.bfloat16) is None and ratio(3.0, None) is None and ratio(3.0, 1.5) == 2.0
+
+
+def test_reference_baseline_is_not_the_best_baseline():
+    """handwritten_compiled is other code: reported with its latency, never the 'best baseline' others beat."""
+    from experiments.baselines import BASELINES, REFERENCE_BASELINES
+    from vtcsearch.run import finish_rows
+    assert set(REFERENCE_BASELINES) <= set(BASELINES) and "handwritten_compiled" in BASELINES
+    rows = [{"variant": "vtc_none", "kind": "vtcsearch", "measured_latency_us": 100.0},
+            {"variant": "vtc_ilp", "kind": "vtcsearch", "measured_latency_us": 50.0},
+            {"variant": "eager", "kind": "baseline", "measured_latency_us": 80.0},
+            {"variant": "handwritten_compiled", "kind": "baseline", "measured_latency_us": 40.0}]
+    finish_rows(rows, measured=True, floor_us=20.0)
+    by = {r["variant"]: r for r in rows}
+    assert by["vtc_ilp"]["speedup_vs_best_baseline"] == pytest.approx(80.0 / 50.0)
+    assert by["handwritten_compiled"]["speedup_vs_best_baseline"] == pytest.approx(2.0)
+    assert by["vtc_ilp"]["x_floor"] == pytest.approx(2.5) and by["vtc_none"]["speedup_vs_none"] == 1.0
+
+
+def test_variant_names_and_kinds_mean_one_thing():
+    from experiments.baselines import BASELINES
+    from vtcsearch.schema import VariantKind, solver_of, variant_name
+    assert variant_name("ilp") == "vtc_ilp" and solver_of("vtc_all") == "all" and solver_of("eager") is None
+    assert not any(b.startswith("vtc_") for b in BASELINES)
+    assert json.dumps({"kind": VariantKind.BASELINE}) == '{"kind": "baseline"}' and str(VariantKind.VTCSEARCH) == "vtcsearch"
+
+
+def test_handwritten_baseline_only_for_llama():
+    from experiments.baselines import handwritten_variant
+    from experiments.workloads import build_workload
+    w = build_workload("shufflenet", size="tiny", device="cpu")
+    v = handwritten_variant(w.model, w.example_inputs)
+    assert v.build is None and "no hand-written model" in v.skipped
+    w = build_workload("llama3", size="tiny", part="attention", device="cpu")
+    v = handwritten_variant(w.model, w.example_inputs)
+    assert v.skipped is None and v.cuda_graph and v.shared_bytes > 0
+
+
+def test_steps_and_conv_layers_of_a_realized_block():
+    """The GPU tables' code on the CPU (interpreter, perf_counter): one row per step and per conv kernel."""
+    from cost_models import get_oracle
+    from experiments.workloads import build_workload
+    from solvers import get_solver
+    from vtcsearch.breakdown import conv_layer_rows, step_rows
+    from vtcsearch.codegen.realize import realize
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    torch.manual_seed(0)
+    w = build_workload("vision_block", block="shufflenet_s1", size="tiny", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = capture(w.model, w.example_inputs)
+        s = get_solver("ilp")(build_vtog(g), get_oracle("analytical", hardware="H200")).strategy
+        exe = realize(g, s, w.model)
+        exe(*w.example_inputs)
+        steps = step_rows(exe, {exe.steps[0].name: 1e-3})
+        convs = conv_layer_rows(g, exe)
+    assert [r["step"] for r in steps] == [st.name for st in exe.steps]
+    assert all(r["measured_us"] > 0 and "error" not in r for r in steps)
+    assert steps[0]["x_floor"] == pytest.approx(steps[0]["measured_us"] / 1e-3) and steps[-1]["floor_us"] is None
+    assert convs and len(convs) == sum(gr.kind == "conv" for gr in g.groups.values())
+    for r in convs:
+        assert r["error"] is None and r["cudnn_us"] > 0 and r["triton_us"] > 0, r
+
+
+def test_vision_blocks_config_runs_a_block_on_the_cpu(tmp_path):
+    """configs/vision_blocks.yaml, one block, batch 1: none and ILP realized and equal to eager (bits equal to
+    each other), the ILP without copies; steps.csv and conv_layers.csv have their headers (GPU-only rows)."""
+    import yaml
+    from vtcsearch.schema import CONV_FIELDS, STEP_FIELDS
+    data = yaml.safe_load((ROOT / "configs" / "vision_blocks.yaml").read_text())
+    data["workload"]["cases"] = [{"block": "yolo11n_c3k2"}]
+    data["batch_sizes"] = [1]
+    data["draw"] = "none"
+    cfg = tmp_path / "vision_blocks.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "o"
+    assert main([str(cfg), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    num = {n["solver"]: n for n in s["numerics"]}
+    assert num["none"]["ok"] and num["ilp"]["ok"] and num["ilp"]["bitwise_equal_none"] is True
+    assert num["ilp"]["copy_kernels"] == 0 < num["none"]["copy_kernels"]
+    assert s["cases"][0]["floor"]["floor_us"] > 0
+    with open(out / "steps.csv") as f:
+        assert tuple(next(csv.reader(f)))[:len(STEP_FIELDS)] == STEP_FIELDS
+    with open(out / "conv_layers.csv") as f:
+        assert tuple(next(csv.reader(f)))[:len(CONV_FIELDS)] == CONV_FIELDS
+    assert "yolo11n_c3k2" in (out / "report.md").read_text()

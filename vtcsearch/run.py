@@ -340,7 +340,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                                          "movement_by_onnx", "parameter_bytes")},
             "vtog": {k: vs[k] for k in ("nodes", "edges", "options", "candidates", "conflicts", "edges_by_class")},
             "build_s": t_build, "capture_s": t_capture, "vtog_s": t_vtog, "best_solver": None,
-            "error": None}
+            "error": None, "floor": None}
     hw = None
     if cfg.breakdown.floors:
         hw = floors.hardware(cfg.hardware)
@@ -418,7 +418,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                       "(vtcsearch latencies are modelled)")
             rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": VariantKind.BASELINE,
                          "status": "skipped", "reason": reason})
-    finish_rows(rows, ctx.measured, case.get("floor", {}).get("floor_us"))
+    finish_rows(rows, ctx.measured, (case["floor"] or {}).get("floor_us"))
     return case, rows
 
 
@@ -549,7 +549,7 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
     case = {"case": label, "batch": batch, "id": file_id(label, batch), "workload": cfg.workload.name,
             "description": "", "params": {**cfg.workload.params, **params, "size": cfg.workload.size},
             "dtype": cfg.dtype, "graph": {}, "vtog": {}, "build_s": 0.0, "capture_s": 0.0, "vtog_s": 0.0,
-            "best_solver": None, "error": reason}
+            "best_solver": None, "error": reason, "floor": None}
     rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": variant_name(s),
              "kind": VariantKind.VTCSEARCH, "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
     rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": VariantKind.BASELINE,
