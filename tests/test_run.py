@@ -335,6 +335,16 @@ def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 # results are never lost
 # ---------------------------------------------------------------------------
+@pytest.fixture
+def no_run(monkeypatch):
+    """The refusals below must come before anything runs."""
+    import vtcsearch.run
+
+    def must_not_run(*a, **k):
+        raise AssertionError("run_config was called")
+    monkeypatch.setattr(vtcsearch.run, "run_config", must_not_run)
+
+
 def _err_line(capsys) -> str:
     err = capsys.readouterr().err.strip()
     assert err and "\n" not in err and "Traceback" not in err, err
@@ -353,7 +363,7 @@ def test_a_cpu_run_writes_to_its_modelled_folder_which_git_ignores():
     assert tracked.returncode == 1
 
 
-def test_a_cpu_run_refuses_a_folder_of_measured_results(tmp_path, capsys):
+def test_a_cpu_run_refuses_a_folder_of_measured_results(tmp_path, capsys, no_run):
     out = tmp_path / "measured"
     out.mkdir()
     (out / "summary.json").write_text(json.dumps({"name": "tiny", "measured": True, "rows": []}))
@@ -364,7 +374,7 @@ def test_a_cpu_run_refuses_a_folder_of_measured_results(tmp_path, capsys):
     assert (out / "summary.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
-def test_append_on_a_corrupt_summary_is_one_line_naming_the_file(tmp_path, capsys):
+def test_append_on_a_corrupt_summary_is_one_line_naming_the_file(tmp_path, capsys, no_run):
     out = tmp_path / "o"
     out.mkdir()
     (out / "summary.json").write_text('{"name": "tiny", "measured": false, "rows": [{"case": "ll')   # cut short
@@ -374,7 +384,7 @@ def test_append_on_a_corrupt_summary_is_one_line_naming_the_file(tmp_path, capsy
 
 
 @pytest.mark.parametrize("where", ["file", "under_file", "read_only"])
-def test_unusable_out_is_one_line_exit_2(tmp_path, capsys, where):
+def test_unusable_out_is_one_line_exit_2(tmp_path, capsys, where, no_run):
     f = tmp_path / "f.txt"
     f.write_text("not a folder")
     if where == "read_only":
@@ -396,7 +406,7 @@ def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
     """A run interrupted while writing leaves the previous complete files and no temporaries."""
     import shutil
     import vtcsearch.report
-    from vtcsearch.atomic import write_json
+    from vtcsearch.atomic import atomic_path, write_json
     from vtcsearch.run import Log, write_summary
     _, first = tiny_run
     out = tmp_path / "copy"
@@ -414,10 +424,14 @@ def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
     assert after["report.md"] == before["report.md"] and after["summary.json"] == before["summary.json"]
     assert not [p for p in out.rglob(".*")], "temporary files left behind"
     # a writer that fails half-way leaves the old file
-    with pytest.raises(TypeError):
-        write_json(out / "summary.json", {"x": object()})
+    with pytest.raises(RuntimeError):
+        with atomic_path(out / "summary.json") as tmp:
+            tmp.write_text('{"cut short')
+            raise RuntimeError("interrupted")
     assert (out / "summary.json").read_bytes() == before["summary.json"]
     assert not [p for p in out.rglob(".*")]
+    write_json(out / "summary.json", {"x": 1})
+    assert json.loads((out / "summary.json").read_text()) == {"x": 1}
 
 
 # ---------------------------------------------------------------------------
@@ -564,3 +578,13 @@ def test_vision_blocks_config_runs_a_block_on_the_cpu(tmp_path):
     with open(out / "conv_layers.csv") as f:
         assert tuple(next(csv.reader(f)))[:len(CONV_FIELDS)] == CONV_FIELDS
     assert "yolo11n_c3k2" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("module, forbidden", [("vtcsearch.api", "vtcsearch.run"), ("vtcsearch.report", "vtcsearch.run"),
+                                               ("vtcsearch.schema", "vtcsearch.report")])
+def test_layers_do_not_import_the_runner(module, forbidden):
+    """The library facade and the report import nothing from the command-line runner (no run <-> report cycle)."""
+    import subprocess
+    import sys
+    code = f"import sys, {module}; sys.exit(1 if {forbidden!r} in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0

@@ -676,7 +676,7 @@ def read_summary(path: Path) -> dict[str, Any]:
     return data
 
 
-def prepare_out(out: Path, *, measured: bool, force: bool) -> None:
+def prepare_out(out: Path, *, measured: bool, force: bool, append: bool = False) -> None:
     """Check and create the output folder before anything runs; every refusal is one line (OutputError).
 
     A run without a GPU never replaces measured results: a folder whose summary.json says
@@ -688,6 +688,8 @@ def prepare_out(out: Path, *, measured: bool, force: bool) -> None:
     if above is not None:
         raise OutputError(f"--out {out}: {above} is a file, not a folder")
     summary = out / "summary.json"
+    if append and summary.exists():
+        read_summary(summary)          # a corrupt one is refused before anything runs
     if not measured and not force and summary.exists() and read_summary(summary).get("measured"):
         raise OutputError(f"--out {out}: holds measured (GPU) results ({summary}); this run has no GPU and would "
                           f"replace them with modelled ones: choose another --out, or add --force")
@@ -818,7 +820,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # a modelled run never lands in the config's folder of committed (measured) results
     out = Path(args.out) if args.out else Path(cfg.output) if device == "cuda" else modelled_folder(cfg.output)
     try:
-        prepare_out(out, measured=device == "cuda", force=args.force)
+        prepare_out(out, measured=device == "cuda", force=args.force, append=args.append)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
