@@ -406,7 +406,6 @@ def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
     """A run interrupted while writing leaves the previous complete files and no temporaries."""
     import shutil
     import vtcsearch.report
-    from vtcsearch.atomic import atomic_path, write_json
     from vtcsearch.run import Log, write_summary
     _, first = tiny_run
     out = tmp_path / "copy"
@@ -423,15 +422,20 @@ def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
     after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
     assert after["report.md"] == before["report.md"] and after["summary.json"] == before["summary.json"]
     assert not [p for p in out.rglob(".*")], "temporary files left behind"
-    # a writer that fails half-way leaves the old file
+
+
+def test_atomic_writer_replaces_or_leaves_the_old_file(tmp_path):
+    """A writer that fails half-way leaves the old file and no temporary; one that finishes replaces it."""
+    from vtcsearch.atomic import atomic_path, write_json
+    path = tmp_path / "summary.json"
+    path.write_text('{"old": true}')
     with pytest.raises(RuntimeError):
-        with atomic_path(out / "summary.json") as tmp:
+        with atomic_path(path) as tmp:
             tmp.write_text('{"cut short')
             raise RuntimeError("interrupted")
-    assert (out / "summary.json").read_bytes() == before["summary.json"]
-    assert not [p for p in out.rglob(".*")]
-    write_json(out / "summary.json", {"x": 1})
-    assert json.loads((out / "summary.json").read_text()) == {"x": 1}
+    assert path.read_text() == '{"old": true}' and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+    write_json(path, {"x": 1})
+    assert json.loads(path.read_text()) == {"x": 1} and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
 # ---------------------------------------------------------------------------
@@ -588,3 +592,13 @@ def test_layers_do_not_import_the_runner(module, forbidden):
     import sys
     code = f"import sys, {module}; sys.exit(1 if {forbidden!r} in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+    # and no lazy import inside a function either
+    import ast
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    short = forbidden.split(".")[-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            assert not any(n.split(".")[-1] == short or n == forbidden for n in names if n), ast.unparse(node)
+        elif isinstance(node, ast.Import):
+            assert not any(a.name == forbidden for a in node.names), ast.unparse(node)
