@@ -602,3 +602,21 @@ def test_layers_do_not_import_the_runner(module, forbidden):
             assert not any(n.split(".")[-1] == short or n == forbidden for n in names if n), ast.unparse(node)
         elif isinstance(node, ast.Import):
             assert not any(a.name == forbidden for a in node.names), ast.unparse(node)
+
+
+def test_cases_option_picks_a_subset_and_rejects_unknown(tmp_path, capsys, monkeypatch):
+    """--cases runs a config in pieces (with --append); an unknown label is a one-line ConfigError."""
+    import vtcsearch.run
+    seen = {}
+
+    def fake_run(cfg, **kw):
+        seen["cases"] = cfg.workload.cases
+        raise vtcsearch.run.ConfigError("stop here")
+    monkeypatch.setattr(vtcsearch.run, "run_config", fake_run)
+    cfg = str(ROOT / "configs" / "vision_blocks.yaml")
+    assert main([cfg, "--out", str(tmp_path / "o"), "--device", "cpu", "--cases", "litemla,yolo11n_c3k2"]) == 2
+    assert seen["cases"] == [{"block": "litemla"}, {"block": "yolo11n_c3k2"}]
+    capsys.readouterr()
+    assert main([cfg, "--out", str(tmp_path / "o"), "--device", "cpu", "--cases", "yolo"]) == 2
+    err = _err_line(capsys)
+    assert "--cases" in err and "yolo11s_c3k2" in err

@@ -763,6 +763,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "(default: cuda when there is one)")
     ap.add_argument("--out", default=None, help="output folder (default: the config's output)")
     ap.add_argument("--solvers", default=None, help="comma-separated solvers, replacing the config's")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case labels to run (as report.md names them), a subset of the config's")
     ap.add_argument("--batch", nargs="+", type=int, default=None, metavar="N",
                     help="batch sizes, replacing the config's")
     ap.add_argument("--oracle", default=None, help="cost oracle (auto, analytical, profiling, recorded), "
@@ -799,6 +801,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             bad = [b for b in cfg.baselines if b not in BASELINES]
             if bad:
                 raise ConfigError(f"--baselines: unknown {bad}; choices: {', '.join(BASELINES)}")
+        if args.cases is not None:
+            want = [c.strip() for c in args.cases.split(",") if c.strip()]
+            labels = {case_label(p, cfg.workload.name): p for p in cfg.workload.cases}
+            bad = [c for c in want if c not in labels]
+            if bad or not want:
+                raise ConfigError(f"--cases: unknown {bad}; choices: {', '.join(labels)}")
+            cfg.workload.cases = [labels[c] for c in dict.fromkeys(want)]
         if args.batch is not None:
             if any(b < 1 for b in args.batch):
                 raise ConfigError("--batch: batch sizes must be >= 1")
