@@ -31,8 +31,6 @@ import math
 import os
 import platform
 import sqlite3
-import statistics
-import time
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
@@ -60,27 +58,9 @@ def device_name(device: torch.device) -> str:
 
 
 def time_callable(fn: Callable[[], Any], device: torch.device | str, repeats: int = 10, warmup: int = 2) -> float:
-    """Median seconds of ``fn()`` after warm-up: CUDA events on a GPU, perf_counter on a CPU."""
-    device = torch.device(device)
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        times = []
-        for _ in range(repeats):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        return statistics.median(times)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of ``fn()`` after warm-up: CUDA events on a GPU, perf_counter on a CPU (the project's timer)."""
+    from vtcsearch.codegen.timing import bench
+    return bench(fn, device=device, cuda_graph=False, flush_l2=False, warmup=warmup, repeats=repeats).median_us * 1e-6
 
 
 # ---------------------------------------------------------------------------

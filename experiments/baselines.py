@@ -1,8 +1,8 @@
 """Baselines measured side by side with vtcsearch: eager, CUDA graphs, torch.compile (default, max-autotune).
 
-Every variant is timed the same way in the same process: warm-up first, then
-the median of many repeats with CUDA events (``triton.testing.do_bench``), or
-CUDA-graph replays where the variant uses graphs.  Peak memory comes from
+Every variant is timed the same way in the same process, by the project's one timer
+(:func:`vtcsearch.codegen.timing.bench`): warm-up first, then the median of CUDA-event
+timings of CUDA-graph replays, or of plain calls for variants that run their own graphs.  Peak memory comes from
 PyTorch's memory stats, and torch.profiler splits kernel time into data
 movement and compute by kernel name.  A variant that cannot run here is
 returned as skipped, with the reason.
@@ -12,14 +12,19 @@ from __future__ import annotations
 import copy
 import gc
 import re
-import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
-BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph")
+from vtcsearch.codegen.timing import bench
+
+BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph",
+             "handwritten_compiled")
+# handwritten_compiled: the gpt-fast style model of experiments/handwritten.py (Llama workloads only: head-major
+# KV cache, SDPA with GQA), max-autotune-no-cudagraphs in one CUDA graph like compile_max_autotune_graph.  It is
+# other code than the workload's, so it is a reference beside the baselines, not counted as the best baseline:
+REFERENCE_BASELINES = ("handwritten_compiled",)
 # compile_max_autotune: torch.compile(mode="max-autotune"), its own CUDA graphs (cudagraph trees), timed per call;
 # compile_max_autotune_graph: mode="max-autotune-no-cudagraphs" captured in one CUDA graph and timed as replays,
 # exactly as the vtcsearch variants are: the same kernels without the per-call overhead of cudagraph trees
@@ -50,53 +55,9 @@ class Measurement:
         return asdict(self)
 
 
-def machine() -> dict[str, Any]:
-    """What the numbers were measured on (written beside every result)."""
-    import platform
-
-    import triton
-    return {"gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "cpu": platform.processor() or platform.machine(), "python": platform.python_version(),
-            "torch": torch.__version__, "triton": triton.__version__}
-
-
 def is_movement_kernel(name: str) -> bool:
     """Classify a GPU kernel by name; compute hints win (a fused GEMM epilogue named '..._cat_...')."""
     return bool(MOVEMENT_KERNEL.search(name)) and not COMPUTE_HINT.search(name)
-
-
-def time_cuda(fn: Callable[[], Any], *, warmup_ms: float = 50, rep_ms: float = 300,
-              cuda_graph: bool = False) -> tuple[float, float, float]:
-    """(median, p20, p80) in microseconds of ``fn`` on the current CUDA device."""
-    import triton.testing
-
-    if cuda_graph:
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        run = graph.replay
-    else:
-        run = fn
-    q = triton.testing.do_bench(run, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-    return tuple(float(x) * 1000.0 for x in q)  # ms -> us
-
-
-def time_cpu(fn: Callable[[], Any], *, repeats: int = 20) -> tuple[float, float, float]:
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append((time.perf_counter() - t0) * 1e6)
-    ts.sort()
-    return statistics.median(ts), ts[len(ts) // 5], ts[(4 * len(ts)) // 5]
 
 
 def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, float, float]:
@@ -127,10 +88,9 @@ def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, fl
 def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True) -> Measurement:
     """Time and profile one ready-to-run variant (on CUDA), or time it on the CPU."""
     m = Measurement(name)
+    m.median_us, m.p20_us, m.p80_us = bench(fn, cuda_graph=cuda_graph).quantiles()
     if not torch.cuda.is_available():
-        m.median_us, m.p20_us, m.p80_us = time_cpu(fn)
         return m
-    m.median_us, m.p20_us, m.p80_us = time_cuda(fn, cuda_graph=cuda_graph)
     if profile:
         m.kernels, m.movement_kernels, m.movement_us, m.compute_us = profile_kernels(fn)
     return m
@@ -203,6 +163,8 @@ def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
                        else Variant(name, None, skipped="needs CUDA"))
         elif not cuda:
             out.append(Variant(name, None, skipped="needs CUDA: the comparison is GPU latency"))
+        elif name == "handwritten_compiled":
+            out.append(handwritten_variant(model, example_inputs))
         else:
             mode = {"compile_default": None, "compile_max_autotune": "max-autotune",
                     "compile_max_autotune_graph": "max-autotune-no-cudagraphs"}[name]
@@ -229,3 +191,18 @@ def run_baselines(model: torch.nn.Module, example_inputs: Sequence[Any],
                   names: Sequence[str] = BASELINES) -> list[Measurement]:
     """Measure each baseline; failures (a compile error, out of memory) become skipped entries."""
     return [run_variant(v)[0] for v in baseline_variants(model, example_inputs, names)]
+
+
+def handwritten_variant(model: torch.nn.Module, example_inputs: Sequence[Any]) -> Variant:
+    """The hand-written (gpt-fast style) equivalent of a Llama workload's model, compiled like
+    compile_max_autotune_graph; its head-major caches are made here, before the variant's memory is counted."""
+    from experiments.handwritten import HeadMajorAttention, handwritten
+    try:
+        hw = handwritten(model)        # shares the weights, owns its caches (same values)
+        if not any(isinstance(m, HeadMajorAttention) for m in hw.modules()):
+            raise TypeError("no Llama Attention module in it")
+    except Exception as e:
+        return Variant("handwritten_compiled", None, skipped=f"no hand-written model for this workload "
+                                                               f"({type(e).__name__}: {str(e)[:200]})")
+    return Variant("handwritten_compiled", compiled_builder(hw, example_inputs, "max-autotune-no-cudagraphs"),
+                   cuda_graph=True, shared_bytes=model_bytes(hw))

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# What ran on the H200 (one call of at most 10 minutes each): the GPU tests, then benchmarks.
-#   bash experiments/h200.sh tests|llama|layer|runner|vision [OUT]
+# What runs on the H200 (one call of at most 10 minutes each): the GPU tests, then runner configs.
+#   bash experiments/h200.sh tests|CONFIG [OUT]      (CONFIG: a configs/*.yaml stem, run by python -m vtcsearch.run)
 # The machine has no network: OR-Tools and Optuna (with protobuf, immutabledict, sqlalchemy, greenlet, alembic,
 # mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`.
 set -uo pipefail
@@ -18,22 +18,14 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 case "${1:-tests}" in
   tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
-  llama)   python3 -m experiments.llama_decode --parts attention --out "$OUT/llama_decode" 2>&1 | tee "$OUT/llama.log" | grep -v Warning ;;
-  layer)   python3 -m experiments.llama_decode --parts layer --out "$OUT/llama_layer" 2>&1 | tee "$OUT/layer.log" | grep -v Warning ;;
-  runner)  # the runner on the Llama config exactly as a user types it; results/llama comes back as a tarball
-    case "${RUNNER_ARGS:-}" in *--append*) ;; *) rm -rf results/llama ;; esac
-    timeout "${RUNNER_S:-575}" python3 -m vtcsearch.run configs/llama.yaml ${RUNNER_ARGS:-} > "$OUT/runner.log" 2>&1
+  *)       # a runner config, exactly as a user types it: bash experiments/h200.sh llama|vision_blocks|yolo11|...
+           # RUNNER_ARGS are passed on (e.g. "--batch 16 --append" to run a config in pieces of < 10 minutes);
+           # the output folder comes back as a tarball
+    CFG=configs/$1.yaml
+    [ -f "$CFG" ] || { echo "unknown step $1 (no $CFG)"; exit 2; }
+    RES=$(python3 -c "from vtcsearch.config import load_config; print(load_config('$CFG').output)")
+    case "${RUNNER_ARGS:-}" in *--append*) ;; *) rm -rf "$RES" ;; esac
+    timeout "${RUNNER_S:-575}" python3 -m vtcsearch.run "$CFG" ${RUNNER_ARGS:-} > "$OUT/$1.log" 2>&1
     echo "runner rc $?"
-    tail -45 "$OUT/runner.log"; tar czf "$OUT/llama.tgz" results/llama ;;
-  vision)  # GPU tests of the vision patterns, then blocks added to results/vision (BLOCKS="..." picks them)
-    mkdir -p out
-    if [ -z "${SKIP_TESTS:-}" ]; then
-      timeout 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_vision.py tests/test_conv.py \
-        > "$OUT/gpu_vision_tests.log" 2>&1; tail -5 "$OUT/gpu_vision_tests.log"
-    fi
-    timeout "${VISION_S:-430}" python3 -m experiments.vision_blocks --blocks ${BLOCKS:-yolo11s-c3k2 shufflenet-s2 efficientvit-b1-litemla} \
-      --variants eager compile_default compile_max_autotune_graph vtc_none vtc_ilp --out results/vision --append 2>&1 \
-      | tee "$OUT/vision.log" | grep -E "^(==|   )"
-    tar czf "$OUT/vision.tgz" results/vision ;;
-  *) echo "unknown step $1"; exit 2 ;;
+    tail -45 "$OUT/$1.log"; tar czf "$OUT/$1.tgz" "$RES" ;;
 esac

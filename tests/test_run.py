@@ -43,15 +43,17 @@ ROW_TYPES = {
     "virtual_tensors": OPT_INT, "eliminated_ops": OPT_INT, "residual_copies": OPT_INT, "solver_status": OPT_STR,
     "solve_wall_s": OPT_NUM, "oracle_calls": OPT_INT, "unit_queries": OPT_INT, "measurements": OPT_INT,
     "numerics_ok": OPT_BOOL, "numerics_size": OPT_STR, "numerics_rel_err": OPT_NUM, "numerics_max_abs_err": OPT_NUM,
+    "floor_us": OPT_NUM, "x_floor": OPT_NUM,
 }
 TOP_TYPES = {
     "schema_version": int, "name": str, "description": str, "config_path": OPT_STR, "command": str, "date": str,
     "wall_s": NUM, "measured": bool, "machine": dict, "oracle": dict, "objective": str, "config": dict,
     "cases": list, "rows": list, "numerics": list, "notes": list, "files": dict, "runs": list,
+    "steps": list, "conv_layers": list,
 }
 CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
               "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
-              "best_solver": OPT_STR, "error": OPT_STR}
+              "best_solver": OPT_STR, "error": OPT_STR, "floor": (dict, type(None))}
 
 
 def typed(value, types) -> bool:
@@ -104,6 +106,12 @@ def test_summary_csv_and_kernel_breakdown(tiny_run):
     assert {r["kind"] for r in krows} <= {"kernel", "copy"}
     with open(out / "numerics.csv") as f:
         assert tuple(next(csv.reader(f))) == NUMERICS_FIELDS
+    # breakdown.floors: every kernel with bytes has a floor, and no model beats the hardware
+    floored = [r for r in krows if r["floor_us"]]
+    assert floored and all(float(r["x_floor"]) >= 1.0 - 1e-9 for r in floored)
+    for r in rows:
+        if r["kind"] == "vtcsearch":
+            assert float(r["floor_us"]) > 0 and float(r["x_floor"]) >= 1.0
 
 
 def test_summary_json_schema(tiny_run):
@@ -322,3 +330,293 @@ def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
     assert case["error"].startswith("VTOG construction: KeyError") and "clamp_1" in case["error"]
     assert {r["status"] for r in s["rows"]} == {"failed"} and any("failed" in n for n in s["notes"])
     assert "case failed" in (out / "report.md").read_text()
+
+
+# ---------------------------------------------------------------------------
+# results are never lost
+# ---------------------------------------------------------------------------
+@pytest.fixture
+def no_run(monkeypatch):
+    """The refusals below must come before anything runs."""
+    import vtcsearch.run
+
+    def must_not_run(*a, **k):
+        raise AssertionError("run_config was called")
+    monkeypatch.setattr(vtcsearch.run, "run_config", must_not_run)
+
+
+def _err_line(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def test_a_cpu_run_writes_to_its_modelled_folder_which_git_ignores():
+    """The quick start on a CPU must not touch the committed results: <output>-modelled, ignored by git."""
+    import subprocess
+    from vtcsearch.run import modelled_folder
+    cfg = load_config(ROOT / "configs" / "llama.yaml")
+    assert modelled_folder(cfg.output) == Path("results/llama-modelled")
+    ignored = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "results/llama-modelled/summary.json"])
+    assert ignored.returncode == 0
+    tracked = subprocess.run(["git", "-C", str(ROOT), "check-ignore", "-q", "results/llama/summary.json"])
+    assert tracked.returncode == 1
+
+
+def test_a_cpu_run_refuses_a_folder_of_measured_results(tmp_path, capsys, no_run):
+    out = tmp_path / "measured"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"name": "tiny", "measured": True, "rows": []}))
+    before = (out / "summary.json").read_text()
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet"]) == 2
+    err = _err_line(capsys)
+    assert "measured" in err and "--force" in err
+    assert (out / "summary.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_append_on_a_corrupt_summary_is_one_line_naming_the_file(tmp_path, capsys, no_run):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text('{"name": "tiny", "measured": false, "rows": [{"case": "ll')   # cut short
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--append", "--force"]) == 2
+    err = _err_line(capsys)
+    assert str(out / "summary.json") in err and "corrupt" in err
+
+
+@pytest.mark.parametrize("where", ["file", "under_file", "read_only"])
+def test_unusable_out_is_one_line_exit_2(tmp_path, capsys, where, no_run):
+    f = tmp_path / "f.txt"
+    f.write_text("not a folder")
+    if where == "read_only":
+        out = Path("/sys/vtcsearch-out")     # read-only even for root
+        try:
+            out.mkdir()
+            out.rmdir()
+            pytest.skip("/sys is writable here")
+        except OSError:
+            pass
+    else:
+        out = f if where == "file" else f / "sub"
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet"]) == 2
+    assert str(out) in _err_line(capsys)
+    assert f.read_text() == "not a folder"
+
+
+def test_outputs_are_replaced_atomically(tiny_run, tmp_path, monkeypatch):
+    """A run interrupted while writing leaves the previous complete files and no temporaries."""
+    import shutil
+    import vtcsearch.report
+    from vtcsearch.run import Log, write_summary
+    _, first = tiny_run
+    out = tmp_path / "copy"
+    shutil.copytree(first, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    summary = json.loads((out / "summary.json").read_text())
+
+    def interrupted(s):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(vtcsearch.report, "markdown", interrupted)
+    summary["rows"][0]["latency_us"] = 1.0     # what a next case would change
+    with pytest.raises(KeyboardInterrupt):
+        write_summary(out, summary, [], Log(quiet=True), 1.0)
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert after["report.md"] == before["report.md"] and after["summary.json"] == before["summary.json"]
+    assert not [p for p in out.rglob(".*")], "temporary files left behind"
+
+
+def test_atomic_writer_replaces_or_leaves_the_old_file(tmp_path):
+    """A writer that fails half-way leaves the old file and no temporary; one that finishes replaces it."""
+    from vtcsearch.atomic import atomic_path, write_json
+    path = tmp_path / "summary.json"
+    path.write_text('{"old": true}')
+    with pytest.raises(RuntimeError):
+        with atomic_path(path) as tmp:
+            tmp.write_text('{"cut short')
+            raise RuntimeError("interrupted")
+    assert path.read_text() == '{"old": true}' and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+    write_json(path, {"x": 1})
+    assert json.loads(path.read_text()) == {"x": 1} and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
+
+
+# ---------------------------------------------------------------------------
+# one timer, one machine()
+# ---------------------------------------------------------------------------
+def test_bench_on_the_cpu_times_the_callable():
+    import time as _time
+    from vtcsearch.codegen.timing import bench
+    calls = []
+
+    def fn():
+        calls.append(1)
+        _time.sleep(0.002)
+    t = bench(fn, device="cpu", warmup=2, repeats=5)
+    assert len(calls) == 7 and t.samples == 5 and t.method == "perf_counter"
+    assert 1900 <= t.p20_us <= t.median_us <= t.p80_us
+    with pytest.raises(ValueError):
+        bench(fn, device="cpu", repeats=0)
+
+
+def test_one_timer_and_one_machine_everywhere():
+    """The profiling oracle, the baselines and the runner time and describe the machine through codegen.timing."""
+    import cost_models.profiling as profiling
+    import experiments.baselines as baselines
+    import vtcsearch.codegen.timing as timing
+    import vtcsearch.run as run
+    assert run.machine is timing.machine and baselines.bench is timing.bench
+    assert not hasattr(baselines, "machine") and not hasattr(run, "machine_info")
+    m = timing.machine("cpu")
+    assert m["device"] == "cpu" and m["gpu"] is None and m["torch"] == torch.__version__
+    calls = []
+    assert profiling.time_callable(lambda: calls.append(1), "cpu", repeats=4, warmup=1) >= 0 and len(calls) == 5
+
+
+@pytest.mark.gpu
+def test_bench_cuda_graph_replays_on_the_gpu():
+    from vtcsearch.codegen.timing import bench
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    x = torch.randn(1 << 24, device="cuda")
+    y = torch.empty_like(x)
+    g = bench(lambda: y.copy_(x))
+    e = bench(lambda: y.copy_(x), cuda_graph=False)
+    assert g.method == "cuda_graph" and e.method == "cuda_events" and g.samples >= 10
+    assert 0 < g.p20_us <= g.median_us <= g.p80_us and 0 < e.median_us
+    assert torch.equal(y, x)
+
+
+# ---------------------------------------------------------------------------
+# one pipeline: what the old benchmark scripts measured, as runner options
+# ---------------------------------------------------------------------------
+def test_floors_bound_the_modelled_times():
+    """A kernel's floor is max(DRAM bytes / bandwidth, FLOPs / peak) at the preset's measured numbers."""
+    from vtcsearch.floors import hardware, kernel_floor_us, ratio
+    hw = hardware("H200")
+    assert kernel_floor_us({"dram_bytes": 4.3e6, "flops": 0.0}, hw, torch.bfloat16) == pytest.approx(1.0)
+    assert kernel_floor_us({"dram_bytes": 0.0, "flops": 790e6}, hw, torch.bfloat16) == pytest.approx(1.0)
+    assert kernel_floor_us({"dram_bytes": 4.3e6, "flops": 2 * 790e6}, hw, torch.bfloat16) == pytest.approx(2.0)
+    assert kernel_floor_us({}, hw, torch.bfloat16) is None and ratio(3.0, None) is None and ratio(3.0, 1.5) == 2.0
+
+
+def test_reference_baseline_is_not_the_best_baseline():
+    """handwritten_compiled is other code: reported with its latency, never the 'best baseline' others beat."""
+    from experiments.baselines import BASELINES, REFERENCE_BASELINES
+    from vtcsearch.run import finish_rows
+    assert set(REFERENCE_BASELINES) <= set(BASELINES) and "handwritten_compiled" in BASELINES
+    rows = [{"variant": "vtc_none", "kind": "vtcsearch", "measured_latency_us": 100.0},
+            {"variant": "vtc_ilp", "kind": "vtcsearch", "measured_latency_us": 50.0},
+            {"variant": "eager", "kind": "baseline", "measured_latency_us": 80.0},
+            {"variant": "handwritten_compiled", "kind": "baseline", "measured_latency_us": 40.0}]
+    finish_rows(rows, measured=True, floor_us=20.0)
+    by = {r["variant"]: r for r in rows}
+    assert by["vtc_ilp"]["speedup_vs_best_baseline"] == pytest.approx(80.0 / 50.0)
+    assert by["handwritten_compiled"]["speedup_vs_best_baseline"] == pytest.approx(2.0)
+    assert by["vtc_ilp"]["x_floor"] == pytest.approx(2.5) and by["vtc_none"]["speedup_vs_none"] == 1.0
+
+
+def test_variant_names_and_kinds_mean_one_thing():
+    from experiments.baselines import BASELINES
+    from vtcsearch.schema import VariantKind, solver_of, variant_name
+    assert variant_name("ilp") == "vtc_ilp" and solver_of("vtc_all") == "all" and solver_of("eager") is None
+    assert not any(b.startswith("vtc_") for b in BASELINES)
+    assert json.dumps({"kind": VariantKind.BASELINE}) == '{"kind": "baseline"}' and str(VariantKind.VTCSEARCH) == "vtcsearch"
+
+
+def test_handwritten_baseline_only_for_llama():
+    from experiments.baselines import handwritten_variant
+    from experiments.workloads import build_workload
+    w = build_workload("shufflenet", size="tiny", device="cpu")
+    v = handwritten_variant(w.model, w.example_inputs)
+    assert v.build is None and "no hand-written model" in v.skipped
+    w = build_workload("llama3", size="tiny", part="attention", device="cpu")
+    v = handwritten_variant(w.model, w.example_inputs)
+    assert v.skipped is None and v.cuda_graph and v.shared_bytes > 0
+
+
+def test_steps_and_conv_layers_of_a_realized_block():
+    """The GPU tables' code on the CPU (interpreter, perf_counter): one row per step and per conv kernel."""
+    from cost_models import get_oracle
+    from experiments.workloads import build_workload
+    from solvers import get_solver
+    from vtcsearch.breakdown import conv_layer_rows, step_rows
+    from vtcsearch.codegen.realize import realize
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    torch.manual_seed(0)
+    w = build_workload("vision_block", block="shufflenet_s1", size="tiny", device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        g = capture(w.model, w.example_inputs)
+        s = get_solver("ilp")(build_vtog(g), get_oracle("analytical", hardware="H200")).strategy
+        exe = realize(g, s, w.model)
+        exe(*w.example_inputs)
+        steps = step_rows(exe, {exe.steps[0].name: 1e-3})
+        convs = conv_layer_rows(g, exe)
+    assert [r["step"] for r in steps] == [st.name for st in exe.steps]
+    assert all(r["measured_us"] > 0 and "error" not in r for r in steps)
+    assert steps[0]["x_floor"] == pytest.approx(steps[0]["measured_us"] / 1e-3) and steps[-1]["floor_us"] is None
+    assert convs and len(convs) == sum(gr.kind == "conv" for gr in g.groups.values())
+    for r in convs:
+        assert r["error"] is None and r["cudnn_us"] > 0 and r["triton_us"] > 0, r
+
+
+def test_vision_blocks_config_runs_a_block_on_the_cpu(tmp_path):
+    """configs/vision_blocks.yaml, one block, batch 1: none and ILP realized and equal to eager (bits equal to
+    each other), the ILP without copies; steps.csv and conv_layers.csv have their headers (GPU-only rows)."""
+    import yaml
+    from vtcsearch.schema import CONV_FIELDS, STEP_FIELDS
+    data = yaml.safe_load((ROOT / "configs" / "vision_blocks.yaml").read_text())
+    data["workload"]["cases"] = [{"block": "yolo11n_c3k2"}]
+    data["batch_sizes"] = [1]
+    data["draw"] = "none"
+    cfg = tmp_path / "vision_blocks.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    out = tmp_path / "o"
+    assert main([str(cfg), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    num = {n["solver"]: n for n in s["numerics"]}
+    assert num["none"]["ok"] and num["ilp"]["ok"] and num["ilp"]["bitwise_equal_none"] is True
+    assert num["ilp"]["copy_kernels"] == 0 < num["none"]["copy_kernels"]
+    assert s["cases"][0]["floor"]["floor_us"] > 0
+    with open(out / "steps.csv") as f:
+        assert tuple(next(csv.reader(f)))[:len(STEP_FIELDS)] == STEP_FIELDS
+    with open(out / "conv_layers.csv") as f:
+        assert tuple(next(csv.reader(f)))[:len(CONV_FIELDS)] == CONV_FIELDS
+    assert "yolo11n_c3k2" in (out / "report.md").read_text()
+
+
+@pytest.mark.parametrize("module, forbidden", [("vtcsearch.api", "vtcsearch.run"), ("vtcsearch.report", "vtcsearch.run"),
+                                               ("vtcsearch.schema", "vtcsearch.report")])
+def test_layers_do_not_import_the_runner(module, forbidden):
+    """The library facade and the report import nothing from the command-line runner (no run <-> report cycle)."""
+    import subprocess
+    import sys
+    code = f"import sys, {module}; sys.exit(1 if {forbidden!r} in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+    # and no lazy import inside a function either
+    import ast
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    short = forbidden.split(".")[-1]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [f"{node.module or ''}.{a.name}" for a in node.names]
+            assert not any(n.split(".")[-1] == short or n == forbidden for n in names if n), ast.unparse(node)
+        elif isinstance(node, ast.Import):
+            assert not any(a.name == forbidden for a in node.names), ast.unparse(node)
+
+
+def test_cases_option_picks_a_subset_and_rejects_unknown(tmp_path, capsys, monkeypatch):
+    """--cases runs a config in pieces (with --append); an unknown label is a one-line ConfigError."""
+    import vtcsearch.run
+    seen = {}
+
+    def fake_run(cfg, **kw):
+        seen["cases"] = cfg.workload.cases
+        raise vtcsearch.run.ConfigError("stop here")
+    monkeypatch.setattr(vtcsearch.run, "run_config", fake_run)
+    cfg = str(ROOT / "configs" / "vision_blocks.yaml")
+    assert main([cfg, "--out", str(tmp_path / "o"), "--device", "cpu", "--cases", "litemla,yolo11n_c3k2"]) == 2
+    assert seen["cases"] == [{"block": "litemla"}, {"block": "yolo11n_c3k2"}]
+    capsys.readouterr()
+    assert main([cfg, "--out", str(tmp_path / "o"), "--device", "cpu", "--cases", "yolo"]) == 2
+    err = _err_line(capsys)
+    assert "--cases" in err and "yolo11s_c3k2" in err

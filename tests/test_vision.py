@@ -17,8 +17,8 @@ import torch
 from torch import nn
 
 from cost_models import get_oracle
-from experiments.vision_blocks import BLOCKS, Block, block_input
-from experiments.vision_blocks import main as vision_blocks_main
+from experiments.workloads import build_workload
+from experiments.workloads.vision_block import BLOCKS, block_input
 from experiments.workloads import build_workload
 from solvers import get_solver
 from vtcsearch.core.capture import capture
@@ -220,8 +220,8 @@ def test_efficientvit_litemla_qkv_and_multiscale_concat_absorbed():
     matmuls, the output transpose / reshape — is eliminated.
     """
     torch.manual_seed(4)
-    blk: Block = BLOCKS["efficientvit-b1-litemla"]("tiny", 1, "cpu", torch.float16)
-    r = Realized(blk.model, blk.inputs)
+    blk = build_workload("vision_block", block="litemla", size="tiny", device="cpu", dtype=torch.float16)
+    r = Realized(blk.model, blk.example_inputs)
     r.check()
     assert r.g.movement_ops() and not r.ilp.residuals
     assert sorted(r.ilp.eliminated_ops()) == sorted(o.name for o in r.g.movement_ops())
@@ -269,44 +269,11 @@ def test_batchnorm_pools_and_upsample_lower_to_templates(dtype):
 
 
 # ---------------------------------------------------------------------------
-# the benchmark script's CPU path
-# ---------------------------------------------------------------------------
-
-def test_vision_blocks_dry_run(tmp_path):
-    """``python -m experiments.vision_blocks --dry-run``: tiny block, interpreter, numerics checked, files written."""
-    import json
-    assert vision_blocks_main(["--dry-run", "--blocks", "yolo11n-c3k2", "--out", str(tmp_path)]) == 0
-    case = json.loads((tmp_path / "summary.json").read_text())["cases"][0]
-    assert case["none_vs_ilp_bit_identical"] and case["vtc_ilp"]["numerics_ok"] and case["vtc_none"]["numerics_ok"]
-    assert case["vtc_ilp"]["copy_kernels"] == 0 < case["vtc_none"]["copy_kernels"]
-    assert "yolo11n-c3k2" in (tmp_path / "README.md").read_text()
-
-
-def test_vision_blocks_append_keeps_other_cases_and_lists_runs(tmp_path):
-    """--append: a second block joins the first run's folder; rows stay in block order, both commands listed."""
-    import json
-    assert vision_blocks_main(["--dry-run", "--blocks", "shufflenet-s1", "--out", str(tmp_path)]) == 0
-    assert vision_blocks_main(["--dry-run", "--blocks", "yolo11n-c3k2", "--out", str(tmp_path), "--append"]) == 0
-    s = json.loads((tmp_path / "summary.json").read_text())
-    assert [c["block"] for c in s["cases"]] == ["yolo11n-c3k2", "shufflenet-s1"]
-    assert [r["command"].split("--blocks ")[1].split()[0] for r in s["meta"]["runs"]] == ["shufflenet-s1", "yolo11n-c3k2"]
-    assert (tmp_path / "README.md").read_text().count("Command: ") == 2
-
-
-def test_speedup_plot(tmp_path):
-    from experiments.vision_blocks import plot_speedups
-    rows = [{"block": "b", "batch": 1, "name": n, "speedup_vs_best_baseline": x}
-            for n, x in (("compile_max_autotune_graph", 1.0), ("vtc_none", 1.2), ("vtc_ilp", 1.8))]
-    plot_speedups(rows, tmp_path / "speedup.png")
-    assert (tmp_path / "speedup.png").stat().st_size > 1000
-
-
-# ---------------------------------------------------------------------------
 # on the GPU: every benchmark block at its real shape (fp16, batch 1)
 # ---------------------------------------------------------------------------
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(BLOCKS))
+@pytest.mark.parametrize("name", BLOCKS)
 def test_gpu_vision_blocks_equal_eager(name, monkeypatch):
     """The real shapes: none and ILP equal eager (fp16) and each other, no fallback, and the CUDA graph
     of the ILP executable replays to the same bits."""
@@ -314,9 +281,9 @@ def test_gpu_vision_blocks_equal_eager(name, monkeypatch):
     # per-signature autotune (which may pick different ones for different operand maps)
     monkeypatch.setenv("VTC_AUTOTUNE", "0")
     torch.manual_seed(0)
-    blk: Block = BLOCKS[name]("full", 1, "cuda", torch.float16)
-    r = Realized(blk.model, blk.inputs)
+    blk = build_workload("vision_block", block=name, size="full", device="cuda", dtype=torch.float16)
+    r = Realized(blk.model, blk.example_inputs)
     r.check()
     call = r.exes["ilp"].cuda_graph()
-    for a, b in zip(call(*blk.inputs), r.outs["ilp"]):
+    for a, b in zip(call(*blk.example_inputs), r.outs["ilp"]):
         assert torch.equal(a, b)

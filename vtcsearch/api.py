@@ -127,7 +127,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     if dev.type == "meta":
         raise ValueError("the model is on the meta device: compile needs real weights (build it on cpu or cuda)")
     if dev.type == "cpu":
-        from .run import ensure_interpreter
+        from .codegen.interpreter import ensure_interpreter
         ensure_interpreter()
     if cuda_graph and dev.type != "cuda":
         raise ValueError("cuda_graph=True needs a model on a CUDA device")

@@ -57,6 +57,15 @@ class NumericsConfig:
 
 
 @dataclass
+class BreakdownConfig:
+    """What the runner reports beyond each variant's latency (the old benchmark scripts' extra tables)."""
+
+    floors: bool = False        # HBM/compute floor per kernel (kernels.csv) and per case (summary), x_floor ratios
+    steps: bool = False         # GPU: each step of each realized strategy timed alone -> steps.csv
+    conv_layers: bool = False   # GPU: each conv kernel, Triton (as realized) against cuDNN -> conv_layers.csv
+
+
+@dataclass
 class Config:
     workload: WorkloadConfig
     batch_sizes: list[int]                              # e.g. [1, 16]
@@ -74,6 +83,7 @@ class Config:
     seconds_per_gib: float = 1e-4                       # price of a GiB of peak memory (objective: mix)
     memory_cap_gib: float | None = None                 # strategies above it are infeasible
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    breakdown: BreakdownConfig = field(default_factory=BreakdownConfig)
     draw: Literal["best", "all", "none"] = "best"       # points-to pictures: best solver per case, every solver, none
     seed: int = 0
     path: str | None = field(default=None, metadata={"internal": True})   # set by load_config

@@ -9,6 +9,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import networkx as nx  # noqa: E402
 
+from .atomic import atomic_path  # noqa: E402
+
 if TYPE_CHECKING:
     from .core.vtog import VTOG
 
@@ -54,5 +56,6 @@ def draw_vtog(v: "VTOG", path: str, chosen: Iterable[int] | None = None, title: 
     ax.set_title(title or ("points-to graph" if chosen is not None else "VTOG"))
     ax.axis("off")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)

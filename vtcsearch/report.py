@@ -10,6 +10,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from .atomic import atomic_path, write_text
+from .schema import CONV_FIELDS, INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, STEP_FIELDS, VariantKind
+
 MIB = 2 ** 20
 
 
@@ -45,23 +48,30 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
               log: Callable[[str], None] = print) -> None:
     """summary.csv, kernels.csv, numerics.csv, the three plots and report.md; records them in summary['files']."""
     import pandas as pd
-    from .run import NUMERICS_FIELDS, ROW_FIELDS
 
     files = summary["files"]
-    from .run import INT_FIELDS
     df = pd.DataFrame(summary["rows"], columns=list(ROW_FIELDS))
     for c in INT_FIELDS:
         df[c] = df[c].astype("Int64")      # integers stay integers beside missing values
-    df.to_csv(out / "summary.csv", index=False)
+    with atomic_path(out / "summary.csv") as tmp:
+        df.to_csv(tmp, index=False)
     files["summary_csv"] = "summary.csv"
     kcols = ["case", "batch", "variant", "solver", "source", "unit", "kind", "us", "seconds", "bytes", "flops"]
     kdf = pd.DataFrame(with_provenance(kernel_rows, summary))
     kdf = kdf[[c for c in kcols if c in kdf.columns] + [c for c in kdf.columns if c not in kcols]] if len(kdf) \
         else pd.DataFrame(columns=kcols)
-    kdf.to_csv(out / "kernels.csv", index=False)
+    with atomic_path(out / "kernels.csv") as tmp:
+        kdf.to_csv(tmp, index=False)
     files["kernels_csv"] = "kernels.csv"
-    pd.DataFrame(summary["numerics"], columns=list(NUMERICS_FIELDS)).to_csv(out / "numerics.csv", index=False)
+    with atomic_path(out / "numerics.csv") as tmp:
+        pd.DataFrame(summary["numerics"], columns=list(NUMERICS_FIELDS)).to_csv(tmp, index=False)
     files["numerics_csv"] = "numerics.csv"
+    for key, fields in (("steps", STEP_FIELDS), ("conv_layers", CONV_FIELDS)):
+        if summary.get(key) or summary["config"].get("breakdown", {}).get(key):
+            with atomic_path(out / f"{key}.csv") as tmp:
+                pd.DataFrame(with_provenance([{f: r.get(f) for f in fields} for r in summary.get(key, [])], summary),
+                             columns=list(fields) + ["command", "machine", "date"]).to_csv(tmp, index=False)
+            files[f"{key}_csv"] = f"{key}.csv"
     files.update(write_plots(out, summary))
     files["vtog"] = sorted(str(p.relative_to(out)) for p in (out / "vtog").glob("*")) if (out / "vtog").exists() else []
     files["strategies"] = sorted(str(p.relative_to(out)) for p in (out / "strategies").glob("*.json")) \
@@ -69,7 +79,7 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
     files["summary_json"] = "summary.json"
     files["report"] = "report.md"
     files["log"] = "log.txt"
-    (out / "report.md").write_text(markdown(summary))
+    write_text(out / "report.md", markdown(summary))
     log(f"wrote {out}/: report.md, summary.csv/json, kernels.csv, numerics.csv, plots, {len(files['vtog'])} VTOG files")
 
 
@@ -120,7 +130,8 @@ def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
             ax.legend(fontsize=7, ncol=2)
         ax.grid(axis="y", alpha=0.3)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
+        with atomic_path(out / name) as tmp:
+            fig.savefig(tmp, dpi=110)
         plt.close(fig)
         files[name.split(".")[0] + "_png"] = name
 
@@ -146,7 +157,8 @@ def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
     ax.set_title("Where the time goes" + suffix)
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "breakdown.png", dpi=110)
+    with atomic_path(out / "breakdown.png") as tmp:
+        fig.savefig(tmp, dpi=110)
     plt.close(fig)
     files["breakdown_png"] = "breakdown.png"
     return files
@@ -216,7 +228,9 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_fmt(r['eliminated_ops'], 'd')} | {num} |")
     lines.append("")
 
-    solved = [r for r in summary["rows"] if r["kind"] == "vtcsearch" and r["status"] == "ok"]
+    lines += floor_section(summary) + steps_section(summary) + conv_section(summary)
+
+    solved = [r for r in summary["rows"] if r["kind"] == VariantKind.VTCSEARCH and r["status"] == "ok"]
     if solved:
         lines += ["## Search", "", "| case | batch | solver | predicted us | objective | virtual tensors | "
                   "residual copies | status | wall s | oracle calls | unit queries | measurements |",
@@ -271,6 +285,63 @@ def markdown(summary: dict[str, Any]) -> str:
               f"(`{o.get('oracle')}` oracle rows)", "- `numerics.csv`: the numerics table above",
               "- `vtog/`: VTOG JSON per case and points-to pictures; `strategies/`: chosen edges per solver", ""]
     return "\n".join(lines)
+
+
+def floor_section(summary: dict[str, Any]) -> list[str]:
+    """Each variant's latency over its case's HBM / compute floor (breakdown.floors)."""
+    rows = [r for r in summary["rows"] if r.get("x_floor")]
+    if not rows:
+        return []
+    hw = summary["config"].get("hardware")
+    lines = ["## Against the hardware floor", "",
+             f"Floor: every graph input read once and every output written once at the {hw} preset's measured "
+             "bandwidth, or its FLOPs at peak, whichever is longer (per kernel: `floor_us` and `x_floor` in "
+             "kernels.csv).", "", f"| case | batch | floor us | variant | latency us ({latency_word(summary)}) | "
+             "x floor |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['batch']} | {_fmt(r['floor_us'])} | {r['variant']} | "
+                     f"{_fmt(r['latency_us'])} | {_fmt(r['x_floor'], '.2f')} |")
+    return lines + [""]
+
+
+def steps_section(summary: dict[str, Any]) -> list[str]:
+    """Per variant: its steps timed alone (steps.csv), their sum, and the step furthest from its floor."""
+    steps = summary.get("steps") or []
+    if not steps:
+        return []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in steps:
+        groups.setdefault((r["case"], r["batch"], r["variant"]), []).append(r)
+    lines = ["## Steps timed alone", "", "Every kernel and copy of each realized strategy timed alone "
+             "(`steps.csv`).", "", "| case | batch | variant | steps | sum us | furthest from floor |",
+             "|---|---|---|---|---|---|"]
+    for (case, batch, variant), rs in groups.items():
+        total = sum(r["measured_us"] or 0.0 for r in rs)
+        worst = max((r for r in rs if r.get("x_floor")), key=lambda r: r["x_floor"], default=None)
+        far = f"{worst['step']} ({worst['x_floor']:.1f}x)" if worst else "-"
+        lines.append(f"| {case} | {batch} | {variant} | {len(rs)} | {total:.1f} | {far} |")
+    return lines + [""]
+
+
+def conv_section(summary: dict[str, Any]) -> list[str]:
+    """Per conv kernel: the Triton conv of each strategy (through maps, dense for vtc_none) against cuDNN."""
+    convs = summary.get("conv_layers") or []
+    if not convs:
+        return []
+    variants = list(dict.fromkeys(r["variant"] for r in convs))
+    by_kernel: dict[tuple, dict[str, Any]] = {}
+    for r in convs:
+        k = by_kernel.setdefault((r["case"], r["batch"], r["kernel"]), {"row": r, "cudnn": r["cudnn_us"]})
+        k[r["variant"]] = r["triton_us"]
+    lines = ["## Conv layers against cuDNN", "", "Each conv kernel (with its fused epilogue) as realized by each "
+             "strategy, and cuDNN's conv alone on dense operands of the same shapes (`conv_layers.csv`), us.", "",
+             "| case | batch | kernel | x | w | groups | " + " | ".join(f"Triton {v}" for v in variants)
+             + " | cuDNN |", "|---|---|---|---|---|---|" + "---|" * (len(variants) + 1)]
+    for (case, batch, kernel), k in by_kernel.items():
+        r = k["row"]
+        lines.append(f"| {case} | {batch} | {kernel} | {r['x']} | {r['w']} | {r['groups']} | "
+                     + " | ".join(_fmt(k.get(v)) for v in variants) + f" | {_fmt(k['cudnn'])} |")
+    return lines + [""]
 
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,9 @@ this process (:func:`experiments.baselines.run_variant`).  Without one, nothing
 can be timed: the model is a meta-device shell, the search uses the analytical
 H200 profile, latencies are *modelled*, and numerics are checked on a
 scaled-down copy realized through Triton's interpreter (the report says so).
+Where: a GPU run writes to the config's ``output`` folder; a CPU (modelled) run to
+``<output>-modelled/`` (git-ignored), and an explicit ``--out`` holding measured results is
+refused unless ``--force``.  Every file is replaced atomically (:mod:`vtcsearch.atomic`).
 Exit status: 0; 1 if a numerics check or a whole case failed (the other cases still run and
 are reported); 2 for a bad config or arguments.
 """
@@ -31,54 +34,28 @@ import dataclasses
 import datetime as dt
 import json
 import math
-import os
-import platform
 import re
 import sys
+import tempfile
 import time
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from . import atomic, floors
+from .codegen.interpreter import ensure_interpreter
+from .codegen.timing import machine
 from .config import Config, ConfigError, check_solvers, load_config, torch_dtype
+from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, SCHEMA_VERSION, VariantKind, solver_of, variant_name  # noqa: F401
 
-SCHEMA_VERSION = 1
 QUICK_BUDGETS = {"ilp": 10.0, "optuna": 30.0}      # --quick caps these solver budgets
 QUICK_SKIPS = {"compile_max_autotune": "skipped by --quick (autotuning takes minutes)"}
-
-# summary.csv columns, in order (documented in the README: keep stable)
-ROW_FIELDS = (
-    "case", "batch", "workload", "variant", "kind", "solver", "status", "reason",
-    "latency_us", "latency_source", "predicted_latency_us", "measured_latency_us", "measured_p20_us",
-    "measured_p80_us", "speedup_vs_none", "speedup_vs_best_baseline", "objective",
-    "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
-    "kernels", "movement_kernels", "movement_us", "compute_us",
-    "virtual_tensors", "eliminated_ops", "residual_copies",
-    "solver_status", "solve_wall_s", "oracle_calls", "unit_queries", "measurements",
-    "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err",
-)
-INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",
-              "movement_kernels", "virtual_tensors", "eliminated_ops", "residual_copies", "oracle_calls",
-              "unit_queries", "measurements")
-NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
-                   "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
-                   "copy_kernels", "fallbacks", "same_strategy_as", "error")
 
 
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def ensure_interpreter() -> None:
-    """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.codegen.kernels is imported."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return
-    if "vtcsearch.codegen.kernels" in sys.modules:
-        raise RuntimeError("vtcsearch.codegen.kernels was imported without TRITON_INTERPRET=1: set it in the "
-                           "environment to realize on the CPU")
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
 def case_label(params: dict[str, Any], default: str) -> str:
     """A readable name of a case: string values as they are, others as key=value."""
     parts = [str(v) if isinstance(v, str) else f"{k}={v}" for k, v in params.items()]
@@ -106,18 +83,6 @@ def errors(a, b) -> tuple[float, float]:
     diff = (a64 - b64).nan_to_num(nan=math.inf)
     rel = float(diff.norm() / max(float(b64.norm()), 1e-30)) if diff.numel() else 0.0
     return rel, float(diff.abs().max()) if diff.numel() else 0.0
-
-
-def machine_info(device: str) -> dict[str, Any]:
-    import torch
-    try:
-        import triton
-        triton_version = triton.__version__
-    except Exception:  # pragma: no cover - triton is a dependency
-        triton_version = None
-    return {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
-            "cpu": platform.processor() or platform.machine(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__, "triton": triton_version}
 
 
 class Log:
@@ -167,6 +132,8 @@ class RunContext:
     log: Log
     oracle: Any = None
     stage: str = ""             # the step of the case in progress (for failure messages)
+    steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)         # steps.csv rows
+    conv_layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # conv_layers.csv rows
     notes: list[str] = dataclasses.field(default_factory=list)
     run: dict[str, Any] = dataclasses.field(default_factory=dict)   # command, date, machine of this run
 
@@ -366,14 +333,20 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     log(f"   {w.name}: {gs['kernels']} kernels, {gs['movement_ops']} movement ops; VTOG {vs['nodes']} nodes, "
         f"{vs['edges']} edges, {vs['candidates']} candidates (capture {t_capture:.1f} s)")
     (ctx.out / "vtog").mkdir(exist_ok=True)
-    vtog.write_json(str(ctx.out / "vtog" / f"{fid}.json"), run=ctx.run)
+    atomic.write_json(ctx.out / "vtog" / f"{fid}.json", {**vtog.to_json(), "written_by": ctx.run}, indent=1)
     case = {"case": label, "batch": batch, "id": fid, "workload": w.name, "description": w.description,
             "params": {**full_params, "size": cfg.workload.size}, "dtype": cfg.dtype,
             "graph": {k: gs[k] for k in ("tensors", "ops", "movement_ops", "compute_ops", "kernels",
                                          "movement_by_onnx", "parameter_bytes")},
             "vtog": {k: vs[k] for k in ("nodes", "edges", "options", "candidates", "conflicts", "edges_by_class")},
             "build_s": t_build, "capture_s": t_capture, "vtog_s": t_vtog, "best_solver": None,
-            "error": None}
+            "error": None, "floor": None}
+    hw = None
+    if cfg.breakdown.floors:
+        hw = floors.hardware(cfg.hardware)
+        case["floor"] = floors.case_floor(graph, hw, dtype)
+        log(f"   floor {case['floor']['floor_us']:.1f} us ({case['floor']['floor_bytes'] / 1e6:.1f} MB, "
+            f"{cfg.hardware} at {hw.bandwidth / 1e12:.1f} TB/s)")
 
     # search
     ctx.stage = "search"
@@ -381,8 +354,9 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     acc = ctx.oracle.accounting(vtog)
     rows: list[dict[str, Any]] = []
     evals: dict[str, Any] = {}
+    unit_floors: dict[str, dict[str, float | None]] = {}     # solver -> unit -> floor us
     for name, res in results.items():
-        row = {"case": label, "batch": batch, "workload": w.name, "variant": f"vtc_{name}", "kind": "vtcsearch",
+        row = {"case": label, "batch": batch, "workload": w.name, "variant": variant_name(name), "kind": VariantKind.VTCSEARCH,
                "solver": name}
         if isinstance(res, tuple):
             row.update(status=res[0], reason=res[1])
@@ -404,10 +378,16 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                    residual_copies=len(s.residuals), solver_status=res.status, solve_wall_s=res.wall_s,
                    oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
         for r in ev.rows:
-            kernel_rows.append({"case": label, "batch": batch, "variant": f"vtc_{name}", "solver": name,
-                                "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r})
+            krow = {"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
+                    "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r}
+            if hw is not None:
+                krow["floor_us"] = floors.kernel_floor_us(r, hw, dtype)
+                krow["x_floor"] = floors.ratio(krow["us"], krow["floor_us"])
+                unit_floors.setdefault(name, {})[r["unit"]] = krow["floor_us"]
+            kernel_rows.append(krow)
         (ctx.out / "strategies").mkdir(exist_ok=True)
-        s.write_json(str(ctx.out / "strategies" / f"{fid}_{name}.json"), run=ctx.run)
+        atomic.write_json(ctx.out / "strategies" / f"{fid}_{name}.json", {**s.to_json(), "written_by": ctx.run},
+                          indent=1)
         log(f"   {name:10s} predicted {ev.latency_s * 1e6:10.1f} us, {len(s.virtual)} virtual, "
             f"{len(s.eliminated_ops())} ops eliminated, {row['movement_kernels']} copies "
             f"({res.status}, {res.wall_s:.1f} s)")
@@ -422,7 +402,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
         for name in (ok_names if cfg.draw == "all" else [best]):
             try:
                 from .plotting import draw_vtog
-                draw_vtog(vtog, str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=results[name].strategy.edges,
+                draw_vtog(vtog, str(ctx.out / "vtog" / f"{fid}_{name}.png"), chosen=set(results[name].strategy.edges),
                           title=f"{w.name} bs{batch}: points-to graph of {name}")
             except Exception as e:   # a picture must not sink the run
                 ctx.notes.append(f"could not draw the {name} points-to graph of {label} bs{batch}: {first_line(e)}")
@@ -430,15 +410,15 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # numerics and benchmark
     ctx.stage = "benchmark" if ctx.measured else "numerics"
     if ctx.measured:
-        rows += gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows)
+        rows += gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows, unit_floors)
     else:
         cpu_numerics(ctx, params, full_params, batch, label, results, rows, numerics_cache, numerics_rows)
         for name in cfg.baselines:
             reason = ("needs CUDA: on this machine the model is a meta-device shell and nothing is timed "
                       "(vtcsearch latencies are modelled)")
-            rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": "baseline",
+            rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": VariantKind.BASELINE,
                          "status": "skipped", "reason": reason})
-    finish_rows(rows, ctx.measured)
+    finish_rows(rows, ctx.measured, (case["floor"] or {}).get("floor_us"))
     return case, rows
 
 
@@ -477,9 +457,13 @@ def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, ro
                                numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
 
 
-def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows) -> list[dict[str, Any]]:
-    """Realize each strategy at full size and time it beside the baselines, in this process; check numerics."""
+def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows,
+                  unit_floors: dict[str, dict[str, float | None]]) -> list[dict[str, Any]]:
+    """Realize each strategy at full size and time it beside the baselines, in this process; check numerics;
+    with ``breakdown.steps`` / ``conv_layers``, time each step / conv kernel of each executable alone."""
     import torch
+
+    from .breakdown import conv_layer_rows, step_rows
     from experiments.baselines import Variant, baseline_variants, run_variant
     from vtcsearch.codegen.realize import realize
 
@@ -509,7 +493,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             # realized inside build, so the variant's peak memory counts its own storages
             exes[name] = realize(graph, s, model)
             return exes[name].cuda_graph().replay
-        variants.append(Variant(f"vtc_{name}", build))
+        variants.append(Variant(variant_name(name), build))
     by_variant = {r["variant"]: r for r in rows}
     extra: list[dict[str, Any]] = []
     with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:
@@ -519,10 +503,10 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             restore()
             row = by_variant.get(var.name)
             if row is None:
-                row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": "baseline"}
+                row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": VariantKind.BASELINE}
                 extra.append(row)
             if m.skipped:
-                row.update(status="skipped" if row["kind"] == "baseline" else "failed", reason=m.skipped)
+                row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=m.skipped)
                 log(f"   {var.name:22s} {row['status']}: {m.skipped}")
             else:
                 row.update(status="ok", measured_latency_us=m.median_us, measured_p20_us=m.p20_us,
@@ -530,7 +514,14 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                            movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us)
                 log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
                     f"{m.kernels} kernels ({m.movement_kernels} movement)")
-            name = var.name[4:] if var.name.startswith("vtc_") else None
+            name = solver_of(var.name)
+            where = {"case": label, "batch": batch, "variant": var.name}
+            if name in exes and cfg.breakdown.steps:
+                ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]
+                restore()
+            if name in exes and cfg.breakdown.conv_layers:
+                ctx.conv_layers += [{**where, **r} for r in conv_layer_rows(graph, exes[name])]
+                restore()
             if copy is not None and name in exes:
                 rec = copy.check_exe(name, results[name].strategy, exe=exes[name])
                 numerics_rows.append({"case": label, **rec})
@@ -558,17 +549,22 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
     case = {"case": label, "batch": batch, "id": file_id(label, batch), "workload": cfg.workload.name,
             "description": "", "params": {**cfg.workload.params, **params, "size": cfg.workload.size},
             "dtype": cfg.dtype, "graph": {}, "vtog": {}, "build_s": 0.0, "capture_s": 0.0, "vtog_s": 0.0,
-            "best_solver": None, "error": reason}
-    rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": f"vtc_{s}",
-             "kind": "vtcsearch", "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
-    rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": "baseline",
+            "best_solver": None, "error": reason, "floor": None}
+    rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": variant_name(s),
+             "kind": VariantKind.VTCSEARCH, "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
+    rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": VariantKind.BASELINE,
               "status": "failed", "reason": "the case failed before benchmarking"} for b in cfg.baselines]
     finish_rows(rows, ctx.measured)
     return case, rows
 
 
-def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
-    """Headline latency (measured where there is one), speedups, and every field present."""
+def finish_rows(rows: list[dict[str, Any]], measured: bool, floor_us: float | None = None) -> None:
+    """Headline latency (measured where there is one), speedups, floor ratios, and every field present.
+
+    The best baseline is the best run of the same model code: reference baselines (other code, such as
+    the hand-written model) are reported beside it, not counted.
+    """
+    from experiments.baselines import REFERENCE_BASELINES
     for r in rows:
         for f in ROW_FIELDS:
             r.setdefault(f, None)
@@ -576,8 +572,9 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
             r["latency_us"], r["latency_source"] = r["measured_latency_us"], "measured"
         elif r["predicted_latency_us"] is not None and not measured:
             r["latency_us"], r["latency_source"] = r["predicted_latency_us"], "modelled"
-    none = next((r for r in rows if r["variant"] == "vtc_none" and r["latency_us"]), None)
-    base = [r["measured_latency_us"] for r in rows if r["kind"] == "baseline" and r["measured_latency_us"]]
+    none = next((r for r in rows if r["variant"] == variant_name("none") and r["latency_us"]), None)
+    base = [r["measured_latency_us"] for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]
+            and r["variant"] not in REFERENCE_BASELINES]
     best = min(base) if base else None
     for r in rows:
         if r["latency_us"]:
@@ -585,6 +582,8 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool) -> None:
                 r["speedup_vs_none"] = none["latency_us"] / r["latency_us"]
             if best and r["measured_latency_us"]:
                 r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
+            if floor_us:
+                r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
 
 
 def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, command: str = "",
@@ -610,13 +609,14 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                          f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
     log(f"vtcsearch run {cfg.name}: {cfg.description or cfg.workload.name} | device {device} | oracle "
         f"{ctx.oracle.name} | objective {cfg.objective}" + (" | quick" if quick else ""))
-    ctx.run = this_run = {"command": command, "machine": machine_info(device),
+    ctx.run = this_run = {"command": command, "machine": machine(device),
                           "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
     summary = {
         "schema_version": SCHEMA_VERSION, "name": cfg.name, "description": cfg.description,
         "config_path": cfg.path, **this_run, "wall_s": None, "measured": ctx.measured,
         "oracle": ctx.oracle.describe(), "objective": cfg.objective, "config": cfg.to_dict(),
         "cases": [], "rows": [], "numerics": [], "notes": ctx.notes, "files": {}, "runs": [this_run],
+        "steps": ctx.steps, "conv_layers": ctx.conv_layers,      # breakdown.steps / conv_layers (GPU)
     }
     kernel_rows: list[dict[str, Any]] = []
     if append:
@@ -643,15 +643,62 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     summary["wall_s"] = wall_s
     labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
-    for key in ("cases", "rows", "numerics"):   # config order, whatever order appended pieces ran in
-        summary[key].sort(key=order)
+    for key in ("cases", "rows", "numerics", "steps", "conv_layers"):   # config order, whatever order appended
+        summary[key].sort(key=order)                                     # pieces ran in (in place: ctx fills them)
     summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in summary["rows"]]
     latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
     summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS} for r in latest.values()]   # appended runs: last wins
     report.write_all(out, summary, kernel_rows, log)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str, allow_nan=False)
-                                      if _finite(summary) else json.dumps(_clean(summary), indent=1, default=str))
-    (out / "log.txt").write_text("\n".join(log.lines) + "\n")
+    atomic.write_json(out / "summary.json", summary if _finite(summary) else _clean(summary), indent=1, default=str,
+                      allow_nan=False)
+    atomic.write_text(out / "log.txt", "\n".join(log.lines) + "\n")
+
+
+class OutputError(Exception):
+    """The output folder cannot be used (a file, read-only, corrupt, or holding measured results): exit 2."""
+
+
+def modelled_folder(output: str | Path) -> Path:
+    """Where a run without a GPU writes by default: ``<output>-modelled`` (git-ignored), never ``output``."""
+    p = Path(output)
+    return p.parent / f"{p.name}-modelled"
+
+
+def read_summary(path: Path) -> dict[str, Any]:
+    """An earlier run's summary.json; a truncated or corrupt one is a one-line :class:`OutputError`."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:     # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise OutputError(f"{path} is truncated or corrupt ({first_line(e)}): move it away or choose another "
+                          f"--out") from None
+    if not isinstance(data, dict) or not isinstance(data.get("rows", []), list):
+        raise OutputError(f"{path} is not a vtcsearch summary.json: move it away or choose another --out")
+    return data
+
+
+def prepare_out(out: Path, *, measured: bool, force: bool, append: bool = False) -> None:
+    """Check and create the output folder before anything runs; every refusal is one line (OutputError).
+
+    A run without a GPU never replaces measured results: a folder whose summary.json says
+    ``measured`` is refused unless ``force``.
+    """
+    if out.exists() and not out.is_dir():
+        raise OutputError(f"--out {out}: is a file, not a folder")
+    above = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if above is not None:
+        raise OutputError(f"--out {out}: {above} is a file, not a folder")
+    summary = out / "summary.json"
+    if append and summary.exists():
+        read_summary(summary)          # a corrupt one is refused before anything runs
+    if not measured and not force and summary.exists() and read_summary(summary).get("measured"):
+        raise OutputError(f"--out {out}: holds measured (GPU) results ({summary}); this run has no GPU and would "
+                          f"replace them with modelled ones: choose another --out, or add --force")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise OutputError(f"--out {out}: cannot write there ({e.strerror or first_line(e)})") from None
 
 
 def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]]) -> list[dict[str, Any]]:
@@ -660,7 +707,7 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
     path = out / "summary.json"
     if not path.exists():
         return []
-    old = json.loads(path.read_text())
+    old = read_summary(path)
     if old.get("name") != summary["name"] or old.get("measured") != summary["measured"]:
         raise ConfigError(f"--append: {path} holds {old.get('name')!r} "
                           f"({'measured' if old.get('measured') else 'modelled'}), not this run's "
@@ -669,13 +716,18 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
     summary["cases"] = [c for c in old["cases"] if keep(c)]
     summary["rows"] = [r for r in old["rows"] if keep(r)]
     summary["numerics"] = [r for r in old["numerics"] if keep(r)]
+    for key in ("steps", "conv_layers"):       # in place: the run context appends to these lists
+        summary[key][:0] = [r for r in old.get(key, []) if keep(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
     earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
     summary["runs"][:0] = earlier
     kpath = out / "kernels.csv"
     if not kpath.exists() or kpath.stat().st_size == 0:
         return []
-    kdf = pd.read_csv(kpath)
+    try:
+        kdf = pd.read_csv(kpath)
+    except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
+        raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
     return [r for r in kdf.to_dict("records") if keep(r)]
 
 
@@ -711,6 +763,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                          "(default: cuda when there is one)")
     ap.add_argument("--out", default=None, help="output folder (default: the config's output)")
     ap.add_argument("--solvers", default=None, help="comma-separated solvers, replacing the config's")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case labels to run (as report.md names them), a subset of the config's")
     ap.add_argument("--batch", nargs="+", type=int, default=None, metavar="N",
                     help="batch sizes, replacing the config's")
     ap.add_argument("--oracle", default=None, help="cost oracle (auto, analytical, profiling, recorded), "
@@ -722,6 +776,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--append", action="store_true",
                     help="keep the cases already in the output folder that this run does not redo "
                          "(run a config in pieces, e.g. one --batch per call)")
+    ap.add_argument("--force", action="store_true",
+                    help="let a run without a GPU write into a folder holding measured results")
     ap.add_argument("--quiet", action="store_true", help="no progress lines (the summary table is still printed)")
     return ap.parse_args(argv)
 
@@ -745,6 +801,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             bad = [b for b in cfg.baselines if b not in BASELINES]
             if bad:
                 raise ConfigError(f"--baselines: unknown {bad}; choices: {', '.join(BASELINES)}")
+        if args.cases is not None:
+            want = [c.strip() for c in args.cases.split(",") if c.strip()]
+            labels = {case_label(p, cfg.workload.name): p for p in cfg.workload.cases}
+            bad = [c for c in want if c not in labels]
+            if bad or not want:
+                raise ConfigError(f"--cases: unknown {bad}; choices: {', '.join(labels)}")
+            cfg.workload.cases = [labels[c] for c in dict.fromkeys(want)]
         if args.batch is not None:
             if any(b < 1 for b in args.batch):
                 raise ConfigError("--batch: batch sizes must be >= 1")
@@ -763,7 +826,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 2
-    out = Path(args.out or cfg.output)
+    # a modelled run never lands in the config's folder of committed (measured) results
+    out = Path(args.out) if args.out else Path(cfg.output) if device == "cuda" else modelled_folder(cfg.output)
+    try:
+        prepare_out(out, measured=device == "cuda", force=args.force, append=args.append)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
     log = Log(quiet=args.quiet)
     try:
@@ -771,6 +840,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              append=args.append)
     except ConfigError as e:
         print(f"ConfigError: {e}", file=sys.stderr)
+        return 2
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     from .report import print_table
     print_table(summary)

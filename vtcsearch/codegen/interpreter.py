@@ -1,0 +1,18 @@
+"""Triton's CPU interpreter: how kernels run on a machine without a GPU.
+
+Kept in codegen (below the runner and the library facade) so both can switch it on.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def ensure_interpreter() -> None:
+    """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.codegen.kernels is imported."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return
+    if "vtcsearch.codegen.kernels" in sys.modules:
+        raise RuntimeError("vtcsearch.codegen.kernels was imported without TRITON_INTERPRET=1: set it in the "
+                           "environment to realize on the CPU")
+    os.environ["TRITON_INTERPRET"] = "1"

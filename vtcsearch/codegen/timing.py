@@ -1,0 +1,135 @@
+"""The one timer and the one ``machine()``: every latency the project reports is taken by :func:`bench`.
+
+:func:`bench` follows ``triton.testing.do_bench_cudagraph`` and Inductor's
+``runtime/benchmarking.py``: warm up on a side stream (compiles, autotunes, allocator
+settles), capture the call in a CUDA graph, then time replays with CUDA events and
+report the median and the 20th/80th percentiles.  By default the L2 cache is flushed
+before each timed replay (outside the events), as ``triton.testing.do_bench`` does, so
+numbers are cold-cache and comparable across variants.  ``cuda_graph=False`` times plain
+calls with events instead, for callables that cannot be captured (they run their own
+graphs, synchronize, or allocate).  On a CPU it falls back to ``time.perf_counter``.
+
+Fresh inputs are the caller's job: ``fn`` is replayed as it is, on the same buffers.
+"""
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+L2_FLUSH_BYTES = 256 * 2 ** 20      # larger than any current GPU's L2 (H200: 60 MiB)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call times of one callable, in microseconds."""
+
+    median_us: float
+    p20_us: float
+    p80_us: float
+    samples: int
+    method: str                  # "cuda_graph" | "cuda_events" | "perf_counter"
+
+    def quantiles(self) -> tuple[float, float, float]:
+        return self.median_us, self.p20_us, self.p80_us
+
+
+def _summarize(samples_us: list[float], method: str) -> Timing:
+    if not samples_us:
+        raise ValueError("bench: no samples (repeats must be >= 1)")
+    s = sorted(samples_us)
+    q = lambda f: s[min(len(s) - 1, int(f * len(s)))]   # noqa: E731
+    return Timing(statistics.median(s), q(0.2), q(0.8), len(s), method)
+
+
+def _device_type(device: Any) -> str:
+    import torch
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device).type
+
+
+def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True, flush_l2: bool = True,
+          warmup: int = 3, repeats: int | None = None, rep_ms: float = 300.0,
+          max_repeats: int = 1000) -> Timing:
+    """Time ``fn()``: CUDA-graph replays (or plain calls with events) on a GPU, perf_counter on a CPU.
+
+    ``repeats``: a fixed number of timed samples; None times for about ``rep_ms`` (at least 10
+    samples, at most ``max_repeats``), estimated from the warm-up.  ``warmup``: untimed calls first.
+    """
+    if _device_type(device) != "cuda":
+        return _bench_cpu(fn, warmup=warmup, repeats=repeats, rep_ms=rep_ms, max_repeats=max_repeats)
+    import torch
+
+    # warm-up (compiles and autotunes outside the timing); before a capture it runs on a side stream, as
+    # torch.cuda.graph requires; plain calls warm up where they are timed (cudagraph trees key on the stream)
+    if cuda_graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(max(warmup, 1)):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+    else:
+        for _ in range(warmup):
+            fn()
+    torch.cuda.synchronize()
+    if cuda_graph:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        torch.cuda.synchronize()
+        run, method = graph.replay, "cuda_graph"
+    else:
+        run, method = fn, "cuda_events"
+    cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+
+    def sample() -> float:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if cache is not None:
+            cache.zero_()
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b) * 1e3      # ms -> us
+
+    n = repeats
+    if n is None:
+        estimate = statistics.median(sample() for _ in range(3))
+        n = int(min(max_repeats, max(10, rep_ms * 1e3 / max(estimate, 1e-3))))
+    out = [sample() for _ in range(n)]
+    return _summarize(out, method)
+
+
+def _bench_cpu(fn: Callable[[], Any], *, warmup: int, repeats: int | None, rep_ms: float,
+               max_repeats: int) -> Timing:
+    for _ in range(warmup):
+        fn()
+
+    def sample() -> float:
+        t0 = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t0) * 1e6
+
+    n = repeats
+    if n is None:
+        estimate = sample()
+        n = int(min(max_repeats, max(10, rep_ms * 1e3 / max(estimate, 1e-3))))
+    return _summarize([sample() for _ in range(n)], "perf_counter")
+
+
+def machine(device: str | None = None) -> dict[str, Any]:
+    """What a number was measured (or modelled) on: written beside every result."""
+    import torch
+    try:
+        import triton
+        triton_version: str | None = triton.__version__
+    except ImportError:  # pragma: no cover - triton is a dependency
+        triton_version = None
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return {"device": device, "gpu": torch.cuda.get_device_name() if device == "cuda" else None,
+            "cpu": platform.processor() or platform.machine(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "triton": triton_version}

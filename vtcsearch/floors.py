@@ -1,0 +1,48 @@
+"""HBM / compute floors: the least time a kernel or a whole case can take on the config's hardware.
+
+A kernel's floor is ``max(distinct DRAM bytes / bandwidth, FLOPs / peak)``: the bytes are the
+analytical oracle's ``dram_bytes`` (what HBM must deliver; a re-read that hits L2 is not
+counted), the FLOPs its ``flops``.  A case's floor reads every graph input once and writes
+every output once (a mutated buffer such as a KV cache: read once, and only the rows written
+into it are written).  Bandwidth and peak are the hardware preset's *measured* numbers where
+it has them (H200: 4.3 TB/s copy bandwidth, 790 TFLOP/s bf16), so a floor is reachable.
+Measured-over-floor ratios say how far each kernel and each variant is from the hardware.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def hardware(name: str) -> Any:
+    """The preset with its measured numbers (cost_models.Hardware)."""
+    from cost_models.hardware import Hardware
+    return Hardware.preset(name, measured=True)
+
+
+def kernel_floor_us(row: dict[str, Any], hw: Any, dtype: torch.dtype) -> float | None:
+    """Floor of one oracle row (its ``dram_bytes`` or ``bytes``, and ``flops``); None if it has neither."""
+    nbytes = row.get("dram_bytes", row.get("bytes")) or 0.0
+    flops = row.get("flops") or 0.0
+    t = max(nbytes / hw.bandwidth, flops / hw.peak(dtype, True))
+    return t * 1e6 if t > 0 else None
+
+
+def case_floor(graph: Any, hw: Any, dtype: torch.dtype) -> dict[str, float]:
+    """``{"floor_bytes", "floor_flops", "floor_us"}`` of a captured graph."""
+    from cost_models.accounting import op_flops
+    nbytes = sum(t.nbytes for t in graph.tensors.values()
+                 if t.is_graph_input or (t.is_output and t.storage_name == t.name))
+    for op in graph.movement_ops():
+        if op.movement.updates and any(graph.tensors[o].storage_name != o or o in graph.mutations
+                                       for o in op.outputs):
+            nbytes += sum(graph.tensors[op.inputs[u.source]].nbytes for u in op.movement.updates)
+    flops = sum(op_flops(graph, o.name) for o in graph.compute_ops())
+    t = max(nbytes / hw.bandwidth, flops / hw.peak(dtype, True))
+    return {"floor_bytes": float(nbytes), "floor_flops": float(flops), "floor_us": t * 1e6}
+
+
+def ratio(us: float | None, floor_us: float | None) -> float | None:
+    """``us / floor_us`` where both are known."""
+    return us / floor_us if us and floor_us else None
