@@ -20,9 +20,6 @@ LAYERS = ("core", "codegen", "cost_models", "solvers", "application")
 # list after merging.  Each is (module, what it must stop depending on): an imported module, or a core class
 # it subclasses.
 EXPECTED_TO_BE_REMOVED: set[tuple[str, str]] = {
-    ("vtcsearch.run", "vtcsearch.report"),      # runner engineer: the run <-> report cycle
-    ("vtcsearch.report", "vtcsearch.run"),
-    ("vtcsearch.api", "vtcsearch.run"),         # runner engineer: the library facade imports no runner
     ("cost_models.accounting", "vtcsearch.core.strategy.Strategy"),  # oracle engineer: resolver hook
     ("solvers.comparison", "experiments.synthetic"),  # solvers engineer: solvers import no experiments
     ("solvers.comparison", "experiments.workloads"),

@@ -51,16 +51,16 @@ def block_input(model: torch.nn.Module, block: torch.nn.Module, inputs: Sequence
 
 
 def _parent(block: str, **kw: Any) -> tuple[Workload, torch.nn.Module, str]:
-    from . import build_workload
+    from . import efficientvit, shufflenet, yolo11
     if block.startswith("yolo11"):
-        w = build_workload("yolo11", variant=block[6], **kw)
+        w = yolo11.build(variant=block[6], **kw)
         return w, w.model.model[2], "layer 2 (C3k2)"
     if block.startswith("shufflenet"):
-        w = build_workload("shufflenet", **kw)
+        w = shufflenet.build(**kw)
         unit = 0 if block == "shufflenet_s2" else 1
         blk = w.model.stage2[unit]
         return w, blk, f"stage 2 unit {unit} (stride {blk.stride})"
-    w = build_workload("efficientvit", head="none", **kw)
+    w = efficientvit.build(head="none", **kw)
     return w, w.model.backbone.stages[2].op_list[1].context_module.main, "stage 3 LiteMLA"
 
 
