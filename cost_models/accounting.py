@@ -40,7 +40,7 @@ import torch
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
 from vtcsearch.core.graph import TensorGraph, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size
-from vtcsearch.core.strategy import Strategy, StrategyError
+from vtcsearch.core.strategy import Resolver, Strategy, StrategyError
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
     from vtcsearch.core.mapping import _run_length
@@ -100,7 +100,7 @@ class StorageStrides(Mapping):
 
 
 class SharedMemo:
-    """Per-graph memos shared by every :class:`LocalStrategy` of one accounting."""
+    """Per-graph memos shared by every strategy an accounting hands out."""
 
     def __init__(self, graph: TensorGraph):
         self.strides = StorageStrides(graph)
@@ -108,8 +108,8 @@ class SharedMemo:
         self.residuals: dict[tuple, tuple[list, list]] = {}
 
 
-class LocalStrategy(Strategy):
-    """A core :class:`Strategy` with memos that do not change its semantics.
+class AccountingResolver(Resolver):
+    """Answers a core :class:`Strategy`'s questions from an accounting's memos (same answers).
 
     The core recomputes everything per strategy object, which makes
     ``validate()`` cost seconds on a 2,000-tensor graph.  Here, per graph:
@@ -124,21 +124,22 @@ class LocalStrategy(Strategy):
       clobbered base copies, is replayed);
     * a write check that passed is remembered per map (``IndexMap.is_injective``
       evaluates reshape maps numerically: np.unique over up to 2^20 elements).
+
+    One resolver per strategy (it holds that strategy's resolution trees).
     """
 
-    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None):
-        super().__init__(vtog, edges)
+    def __init__(self, acc: "Accounting | None", shared: SharedMemo):
         self._acc = acc
-        self._shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
+        self._shared = shared
         self._tree_ids: dict[str, int] | None = None
 
-    def strides(self) -> Mapping[str, tuple[int, ...]]:  # type: ignore[override]
+    def strides(self, strategy: Strategy) -> Mapping[str, tuple[int, ...]]:
         return self._shared.strides
 
-    def _trees(self) -> dict[str, int] | None:
+    def _trees(self, strategy: Strategy) -> dict[str, int] | None:
         if self._tree_ids is None and self._acc is not None:
             choice = {}
-            for t, es in self.chosen.items():
+            for t, es in strategy.chosen.items():
                 o = self._acc.option_by_edges.get(frozenset(e.id for e in es))
                 if o is None:
                     self._acc = None     # not whole options: resolve the core's way
@@ -147,45 +148,39 @@ class LocalStrategy(Strategy):
             self._tree_ids = self._acc.trees_of_choice(choice)
         return self._tree_ids
 
-    def resolve(self, tensor: str | None = None):  # type: ignore[override]
-        if not self._structure_checked:
-            self._check_structure()      # the core's checks first: a cycle raises StrategyError here
-            self._structure_checked = True
-        if self._acc is None or self._trees() is None:
-            return super().resolve(tensor)
-        if tensor is None:
-            return {t: self.resolve(t) for t in self.graph.tensors}
-        m = self._memo.get(tensor)
-        if m is None:
-            m = self._acc.map_of(tensor, self._tree_ids.get(tensor, PHYS))
-            self._memo[tensor] = m
-        return m
+    def resolve(self, strategy: Strategy, tensor: str) -> IndexMap | None:
+        trees = self._trees(strategy) if self._acc is not None else None
+        if trees is None:
+            return None
+        return self._acc.map_of(tensor, trees.get(tensor, PHYS))
 
-    def residuals_of(self, op_name: str):  # type: ignore[override]
-        if not self._structure_checked:
-            self._check_structure()
-            self._structure_checked = True
-        if op_name in self._res_memo or self._acc is None or self._trees() is None:
-            return super().residuals_of(op_name)
-        op = self.graph.ops[op_name]
-        acc = self._acc
-        key = (op_name,) + tuple(acc.key_of(t, self._tree_ids.get(t, PHYS)) for t in op.inputs + op.outputs)
+    def residuals(self, strategy: Strategy, op_name: str, compute):
+        trees = self._trees(strategy) if self._acc is not None else None
+        if trees is None:
+            return compute()
+        op = strategy.graph.ops[op_name]
+        key = (op_name,) + tuple(self._acc.key_of(t, trees.get(t, PHYS)) for t in op.inputs + op.outputs)
         hit = self._shared.residuals.get(key)
-        if hit is not None:
-            self._clobbers.extend(hit[1])
-            self._res_memo[op_name] = hit[0]
-            return hit[0]
-        n0 = len(self._clobbers)
-        res = super().residuals_of(op_name)
-        self._shared.residuals[key] = (res, list(self._clobbers[n0:]))
-        return res
+        if hit is None:
+            hit = self._shared.residuals[key] = compute()
+        return hit[0], list(hit[1])
 
-    def _check_write(self, t, m, strides, who) -> None:  # type: ignore[override]
+    def check_write(self, strategy: Strategy, m: IndexMap, check) -> None:
         key = repr(m)
         if key in self._shared.write_ok:
             return
-        super()._check_write(t, m, strides, who)
+        check()
         self._shared.write_ok.add(key)
+
+
+def LocalStrategy(vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None) -> Strategy:
+    """A core :class:`Strategy` answering from ``acc``'s memos (see :class:`AccountingResolver`).
+
+    Kept under its old name for callers; prefer :meth:`Accounting.strategy`.
+    Hand ``strategy.detached()`` to realization.
+    """
+    shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
+    return Strategy(vtog, edges, resolver=AccountingResolver(acc, shared))
 
 
 # ---------------------------------------------------------------------------
@@ -639,6 +634,10 @@ class Accounting:
         self.const_bytes = sum(i.nbytes for t, i in g.tensors.items() if i.is_graph_input and i.storage_name == t)
         self.intermediate = {t for t, i in g.tensors.items() if not i.is_graph_input and i.storage_name == t}
 
+    def strategy(self, edges: Iterable[int] = ()) -> Strategy:
+        """A core strategy over this VTOG that answers from this accounting's memos."""
+        return Strategy(self.vtog, edges, resolver=AccountingResolver(self, self.shared))
+
     # -- units ----------------------------------------------------------------
     def _build_units(self) -> None:
         g = self.graph
@@ -876,7 +875,7 @@ class Accounting:
         choice = self.realize(u.tensors, keys)
         got: list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None = None
         if choice is not None:
-            s = LocalStrategy(self.vtog, [e.id for o in choice.values() for e in self.option_edges[o]], self)
+            s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
             try:
                 res = s.residuals_of(u.op)
             except StrategyError:
@@ -902,7 +901,7 @@ class Accounting:
             return True
         ok = self._write_ok.get(k)
         if ok is None:
-            probe = LocalStrategy(self.vtog, (), self)
+            probe = self.strategy(())
             try:
                 probe._check_write("?", m, self.strides, "probe")
                 ok = True

@@ -96,7 +96,7 @@ class Run:
                 dropped += 1
         ev = self.oracle.evaluate(strategy, rows=False)
         info = {**(info or {}), "dropped_by_final_validation": dropped} if dropped else dict(info or {})
-        return SolveResult(self.name, strategy, sorted(opts), ev.objective, ev.latency_s, ev.peak_bytes,
+        return SolveResult(self.name, strategy.detached(), sorted(opts), ev.objective, ev.latency_s, ev.peak_bytes,
                            self.delta("calls"), self.delta("unit_queries"), self.delta("measurements"),
                            self.delta("cache_hits"), self.elapsed(), status, self.trace, info)
 
