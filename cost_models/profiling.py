@@ -7,7 +7,8 @@ oracle asks a pluggable **timer** ``timer(spec) -> seconds``; the cache key is
 positionally, launch configuration) plus the timer's name and the device, so
 the same kernel in two layers, or in a second search, is measured once.  A
 timer that raises (a kernel that fails to compile or launch) records the
-configuration as infeasible (``inf``) rather than failing the search.
+configuration as infeasible (``inf``) rather than failing the search, and counts it in
+``stats.errors``; a transient failure (out of memory, a timeout) is counted and never stored.
 
 Two timers, both real:
 
@@ -42,7 +43,7 @@ from vtcsearch.codegen.lowering import substitute as _subst
 from vtcsearch.core.mapping import IndexMap, Piece
 
 from .accounting import UnitSpec
-from .base import CostOracle, Objective, UnitCost
+from .base import CostOracle, Objective, UnitCost, is_transient
 
 
 class Timer(Protocol):
@@ -437,8 +438,11 @@ class ProfilingOracle(CostOracle):
         self.stats.measurements += 1
         try:
             sec, ok, err = float(self.timer(spec)), True, None
-        except Exception as e:  # infeasible configuration: recorded, not raised
-            sec, ok, err = math.inf, False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except Exception as e:  # a configuration that cannot run: counted, stored as infeasible
+            if is_transient(e):
+                raise           # out of memory, timeout: the base counts it and caches nothing
+            err = self.record_error(spec.unit, e)
+            sec, ok = math.inf, False
         self.store.put(key, self.timer.name, self.device, sec, ok, err, spec.kind, spec.unit.name, self.repeats)
         return UnitCost(sec if ok else math.inf, feasible=ok, detail={"error": err} if err else {})
 

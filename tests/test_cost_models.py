@@ -226,6 +226,7 @@ def test_profiling_pluggable_timer_and_infeasible(tmp_path, vtogs):
     assert ev.objective == math.inf                       # recorded as infeasible, no crash
     rows = o.store.rows()
     assert any(not r[4] and "compile" in (r[5] or "") for r in rows)
+    assert o.stats.errors == sum(not r[4] for r in rows) > 0 and o.stats.transient_errors == 0
 
     class Const:
         name = "const"
@@ -293,3 +294,46 @@ def test_solver_results_hold_plain_strategies(vtogs):
     res = greedy.solve(v, oracle)
     assert type(res.strategy) is Strategy and res.strategy.resolver is None
     assert Strategy(v, res.strategy.edges).is_valid()
+
+
+def test_oracle_errors_counted_and_transient_never_cached(tmp_path, vtogs):
+    """An exception inside an oracle is counted (stats, solver result, run note); an out-of-memory or a
+    timeout is answered infeasible this time but asked again, never cached (in memory or on disk)."""
+    from solvers import greedy
+    v = vtogs[0]
+    calls = {"n": 0}
+
+    class OOM:
+        name = "oom"
+
+        def __call__(self, spec):
+            calls["n"] += 1
+            if spec.kind == "kernel":
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            return 1e-6
+
+    o = ProfilingOracle(tmp_path / "t.sqlite", timer=OOM())
+    assert o.evaluate(Strategy(v, [])).objective == math.inf
+    n1, e1 = calls["n"], o.stats.errors
+    assert e1 > 0 and o.stats.transient_errors == e1
+    assert not any(not r[4] for r in o.store.rows())       # nothing stored as infeasible
+    o.evaluate(Strategy(v, []))
+    assert calls["n"] == 2 * n1 - (n1 - e1) and o.stats.errors == 2 * e1   # the failures asked again, the rest cached
+    notes: list[str] = ["other"]
+    o.note_errors(notes)
+    o.note_errors(notes)
+    assert len(notes) == 2 and f"raised {2 * e1} exception" in notes[1] and "OutOfMemoryError" in notes[1]
+
+    class Broken(AnalyticalOracle):
+        def measure(self, spec):
+            if spec.kind == "kernel" and spec.unit.id == 0:
+                raise ValueError("no model for this kernel")
+            return super().measure(spec)
+
+    b = Broken("H200")
+    res = greedy.solve(v, b)
+    assert b.stats.errors >= 1 and b.stats.transient_errors == 0
+    assert res.oracle_errors == b.stats.errors and res.summary()["oracle_errors"] == b.stats.errors
+    before = b.stats.errors
+    b.evaluate(Strategy(v, []))
+    assert b.stats.errors == before                          # a deterministic failure is remembered
