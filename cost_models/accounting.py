@@ -778,6 +778,23 @@ class Accounting:
 
         return rec(t, frozenset()), complete[0]
 
+    def configuration_space(self, max_trees: int = 128, max_configs: int = 1024) -> list[tuple[Unit, tuple[str, ...]]]:
+        """Every (unit, configuration) a search over this VTOG may ask about: each unit's tensors' maps
+        over their resolution trees (at most ``max_trees`` per tensor, ``max_configs`` per unit), the
+        enumeration the ILP prices."""
+        keys: dict[str, list[str]] = {}
+        for t in sorted(self.nodes):
+            trees, _ = self.enumerate_trees(t, max_trees)
+            keys[t] = list(dict.fromkeys(self.key_of(t, tid) for tid in trees))
+        out: list[tuple[Unit, tuple[str, ...]]] = []
+        for u in self.units:
+            ks = [keys.get(t, [self.key_of(t, PHYS)]) for t in u.tensors]
+            while math.prod(len(k) for k in ks) > max_configs:
+                i = max(range(len(ks)), key=lambda j: len(ks[j]))
+                ks[i] = ks[i][:-1]
+            out.extend((u, tuple(c)) for c in itertools.product(*ks))
+        return out
+
     # -- maps -----------------------------------------------------------------
     def map_of(self, t: str, tid: int) -> IndexMap:
         """The resolved map of ``t`` under tree ``tid`` (as Strategy.resolve composes it)."""

@@ -337,3 +337,64 @@ def test_oracle_errors_counted_and_transient_never_cached(tmp_path, vtogs):
     before = b.stats.errors
     b.evaluate(Strategy(v, []))
     assert b.stats.errors == before                          # a deterministic failure is remembered
+
+
+def test_corrupt_cache_is_moved_aside(tmp_path):
+    """A cache file that is not a database: a warning, the file moved aside, a new cache, no crash."""
+    db = tmp_path / "m.sqlite"
+    db.write_bytes(b"this is not an SQLite file" * 100)
+    with pytest.warns(RuntimeWarning, match="moved aside"):
+        o = ProfilingOracle(db, timer="reference", device="cpu")
+    assert len(o.store) == 0
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("m.sqlite.corrupt-")]
+    assert len(aside) == 1 and aside[0].read_bytes().startswith(b"this is not")
+    o.store.put("k", "t", "d", 1e-6, True, None, "kernel", "u", 1)
+    assert ProfilingOracle(db, timer="reference", device="cpu").store.get("k", "t", "d") == (1e-6, True, None)
+
+
+def test_cache_key_names_the_environment(tmp_path):
+    """The stored key includes the device name, torch, triton and the kernel source hash."""
+    from cost_models.profiling import KernelTimer, codegen_source_hash
+    o = ProfilingOracle(tmp_path / "e.sqlite", timer=KernelTimer("cpu"))
+    assert f"torch={torch.__version__}" in o.device and "triton=" in o.device
+    assert o.device.startswith("cpu:") and o.device.endswith(f"src={codegen_source_hash()}")
+    assert len(codegen_source_hash()) == 12
+
+
+def test_prepare_dedups_and_precompiles_in_parallel(tmp_path):
+    """A 2-layer model lists each distinct kernel once (identical layers share a key), and prepare()
+    compiles the uncached candidates in a pool of forked workers."""
+    wl = pytest.importorskip("experiments.workloads")
+    from vtcsearch.core.capture import capture
+    w = wl.build_workload("llama3", size="tiny", part="model", n_layers=2, phase="decode")
+    v = build_vtog(capture(w.model, w.example_inputs))
+    log = tmp_path / "compiled.txt"
+
+    class Compiling:
+        name = "compiling"
+        device = torch.device("cpu")
+
+        def compile(self, spec):
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} {spec.key()}\n")
+
+        def __call__(self, spec):
+            return 1e-6
+
+    o = ProfilingOracle(tmp_path / "p.sqlite", timer=Compiling())
+    acc = o.accounting(v)
+    caps = dict(max_trees=4, max_configs=16)   # a small space keeps the test fast
+    space = acc.configuration_space(**caps)
+    specs = o.candidate_specs(v, **caps)
+    keys = [s.key() for s in specs]
+    assert len(set(keys)) == len(keys) and 0 < len(keys) < len(space)
+    kernel_keys = {s.key() for s in specs if s.kind == "kernel"}
+    assert len(kernel_keys) < sum(1 for u, _ in space if u.kind == "kernel")   # the two layers share kernels
+    rep = o.prepare(v, workers=2, **caps)
+    assert rep["candidates"] == len(keys) == rep["to_measure"] == rep["compiled"] and rep["workers"] == 2
+    lines = log.read_text().splitlines()
+    assert sorted(ln.split(" ", 1)[1] for ln in lines) == sorted(keys)
+    assert os.getpid() not in {int(ln.split(" ", 1)[0]) for ln in lines}
+    for u, k in space:                          # the search then measures each distinct key once
+        o.unit_cost(acc, u, k)
+    assert o.stats.measurements == len(keys) and o.prepare(v, workers=2, **caps)["to_measure"] == 0
