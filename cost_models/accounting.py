@@ -233,6 +233,46 @@ def _swapped_run(m: IndexMap, p: Piece, strides) -> int:
         return 0
 
 
+def affine_coefs(p: Piece, strides: Sequence[int]) -> tuple[int, ...] | None:
+    """Coefficient of each index variable in ``p``'s flat offset, computed numerically.
+
+    ``None`` unless every index expression is affine (index variables and runtime scalars only: no
+    div/mod, no lookups), where :meth:`Piece.offset`'s simplification cannot change a coefficient
+    that matters (it only folds variables of extent one into constants).  The fast path of the
+    traffic model: no expression is built or simplified.
+    """
+    n = len(p.region)
+    coefs = [0] * n
+    for e, st in zip(p.index, strides):
+        for a, c in e.terms:
+            if type(a) is Var:
+                nm = a.name
+                if nm[:1] != "i" or not nm[1:].isdigit() or int(nm[1:]) >= n:
+                    return None
+                coefs[int(nm[1:])] += c * int(st)
+            elif type(a) is not Sym:
+                return None
+    return tuple(coefs)
+
+
+def affine_run(coefs: Sequence[int], region, shape: Sequence[int]) -> int:
+    """Contiguous run (elements) of an affine piece without predicates: what ``_run_length`` returns
+    for it, from the offset's coefficients (dims of extent one skipped, a partial dim ends the run)."""
+    run, expected = 1, 1
+    for d in reversed(range(len(region))):
+        lo, hi = region[d]
+        ext = hi - lo
+        if ext == 1:
+            continue
+        if coefs[d] != expected:
+            break
+        run *= ext
+        expected *= ext
+        if (lo, hi) != (0, shape[d]):
+            break
+    return run
+
+
 def _atom_ops(e: Expr) -> float:
     """Integer ops an index expression costs beyond plain strided addressing."""
     ops = 0.0
@@ -276,14 +316,19 @@ class TrafficModel:
     """
 
     def __init__(self, sector: int = 32, coalesce: int = 128,
-                 short_run_penalty: float = 0.25, exact_limit: int = 1 << 12, tile2d: bool = True):
+                 short_run_penalty: float = 0.25, exact_limit: int = 1 << 12, tile2d: bool = True,
+                 fast: bool = True):
+        """``fast``: affine pieces without predicates take the numeric path (:func:`affine_coefs`);
+        ``False`` computes everything symbolically (the reference the tests compare with)."""
         self.tile2d = tile2d
+        self.fast = fast
         self.sector, self.coalesce = sector, coalesce
         self.short_run_penalty = short_run_penalty
         self.exact_limit = exact_limit
         self._piece: dict[tuple, tuple[int, int, int, float]] = {}
         self._maps: dict[tuple[int, int], tuple[IndexMap, Traffic]] = {}
         self._runs: dict[tuple, int] = {}
+        self._affine: dict[tuple, tuple[int, float, int]] = {}
 
     def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
         """Traffic of accessing every element of ``m``'s domain once, in row-major order."""
@@ -300,6 +345,12 @@ class TrafficModel:
         out = Traffic()
         for p in m.pieces:
             n = region_size(p.region)
+            if p.target is not None and n and self.fast and not p.conds:
+                st = tuple(strides[p.target])
+                coefs = affine_coefs(p, st)
+                if coefs is not None:
+                    out += self._affine_piece(p, coefs, m.shape, n, itemsize)
+                    continue
             run = self._run(p, strides, m)
             if p.target is None or n == 0:
                 continue
@@ -319,6 +370,30 @@ class TrafficModel:
         if len([p for p in m.pieces if p.target is not None]) > 1:
             out.index_ops += 2.0 * (len(m.pieces) - 1) * out.elements  # piece predicates and selects
         return out
+
+    def _affine_piece(self, p: Piece, coefs: tuple[int, ...], shape: tuple[int, ...], n: int,
+                      itemsize: int) -> Traffic:
+        """The traffic of an affine piece without predicates, numerically (same numbers as the symbolic
+        path: ``_run`` / ``_swapped_run`` / ``_piece_stats``; tests compare on random maps)."""
+        key = (coefs, p.region, shape, itemsize)
+        hit = self._affine.get(key)
+        if hit is None:
+            region = p.region
+            run = affine_run(coefs, region, shape)
+            if self.tile2d and run * itemsize < self.coalesce and len(region) >= 2 \
+                    and region[-1][1] - region[-1][0] > 1 and region[-2][1] - region[-2][0] > 1:
+                run = max(run, affine_run(coefs[:-2] + (coefs[-1], coefs[-2]),
+                                          region[:-2] + (region[-1], region[-2]), shape[:-2] + (shape[-1], shape[-2])))
+            distinct = math.prod(hi - lo for c, (lo, hi) in zip(coefs, region) if c != 0 and hi - lo != 1)
+            distinct = min(n, max(distinct, 1))
+            rb = max(1, run) * itemsize
+            factor = math.ceil(rb / self.sector) * self.sector / rb
+            if rb < self.coalesce:
+                factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
+            hit = self._affine[key] = (distinct, factor, rb)
+        distinct, factor, rb = hit
+        return Traffic(elements=n, distinct=distinct, bytes=n * itemsize, dram_bytes=distinct * itemsize * factor,
+                       l2_bytes=(n - distinct) * itemsize, index_ops=0.0, min_run_bytes=rb)
 
     def _run(self, p: Piece, strides, m: IndexMap) -> int:
         if p.target is None:

@@ -398,3 +398,60 @@ def test_prepare_dedups_and_precompiles_in_parallel(tmp_path):
     for u, k in space:                          # the search then measures each distinct key once
         o.unit_cost(acc, u, k)
     assert o.stats.measurements == len(keys) and o.prepare(v, workers=2, **caps)["to_measure"] == 0
+
+
+def _random_piece_map(draw):
+    from hypothesis import strategies as st
+    from vtcsearch.core.expr import sym
+    from vtcsearch.core.mapping import Piece
+    ndim = draw(st.integers(1, 4))
+    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim)))
+    tdim = draw(st.integers(1, 3))
+    tshape = tuple(draw(st.lists(st.integers(1, 40), min_size=tdim, max_size=tdim)))
+    pieces = []
+    for _ in range(draw(st.integers(1, 2))):
+        region = []
+        for s in shape:
+            lo = draw(st.integers(0, s - 1))
+            region.append((lo, draw(st.integers(lo + 1, s))))
+        index = []
+        for _ in range(tdim):
+            e = var("i0") * 0 + draw(st.integers(0, 3))
+            for k in range(ndim):
+                c = draw(st.sampled_from([0, 0, 1, 1, 2, 3, -1]))
+                e = e + var(f"i{k}") * c
+            kind = draw(st.sampled_from(["affine", "affine", "affine", "div", "mod", "sym"]))
+            if kind == "div":
+                e = e // draw(st.integers(2, 4))
+            elif kind == "mod":
+                e = e % draw(st.integers(2, 5))
+            elif kind == "sym":
+                e = e + sym("pos", 0, 7)
+            index.append(e)
+        conds = ()
+        if draw(st.integers(0, 4)) == 0:
+            conds = ((var("i0") + var(f"i{ndim - 1}"), 1, 5),)
+        pieces.append(Piece("T", tuple(region), tuple(index), conds))
+    strides = tuple(draw(st.lists(st.integers(1, 50), min_size=tdim, max_size=tdim)))
+    return IndexMap(shape, pieces, {"T": tshape}), strides
+
+
+def test_fast_traffic_equals_symbolic():
+    """The numeric (affine) path of the traffic model gives exactly the symbolic path's numbers."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    fast, slow = TrafficModel(), TrafficModel(fast=False)
+    seen = {"fast": 0}
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.data(), st.sampled_from([1, 2, 4]))
+    def check(data, itemsize):
+        m, strides = _random_piece_map(data.draw)
+        a = fast.access(m, itemsize, {"T": strides})
+        b = slow.access(m, itemsize, {"T": strides})
+        assert a == b, (m, strides)
+        seen["fast"] = len(fast._affine)
+
+    check()
+    assert seen["fast"] > 50            # the fast path was taken often (and compared)
