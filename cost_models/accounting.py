@@ -329,6 +329,8 @@ class TrafficModel:
         self._maps: dict[tuple[int, int], tuple[IndexMap, Traffic]] = {}
         self._runs: dict[tuple, int] = {}
         self._affine: dict[tuple, tuple[int, float, int]] = {}
+        self._swapped: dict[tuple, int] = {}
+        self._by_pieces: dict[tuple, Traffic] = {}
 
     def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
         """Traffic of accessing every element of ``m``'s domain once, in row-major order."""
@@ -336,7 +338,11 @@ class TrafficModel:
         if hit is not None and hit[0] is m:
             t = hit[1]
             return Traffic(t.elements, t.distinct, t.bytes, t.dram_bytes, t.l2_bytes, t.index_ops, t.min_run_bytes)
-        out = self._access(m, itemsize, strides)
+        # maps rebuilt per query (residual copies) repeat: remember by content, not identity
+        ckey = (m.shape, m.pieces, itemsize, tuple(sorted((t, tuple(strides[t])) for t in m.targets())))
+        out = self._by_pieces.get(ckey)
+        if out is None:
+            out = self._by_pieces[ckey] = self._access(m, itemsize, strides)
         self._maps[(id(m), itemsize)] = (m, out)
         return Traffic(out.elements, out.distinct, out.bytes, out.dram_bytes, out.l2_bytes, out.index_ops,
                        out.min_run_bytes)
@@ -355,7 +361,11 @@ class TrafficModel:
             if p.target is None or n == 0:
                 continue
             if self.tile2d and run * itemsize < self.coalesce:
-                run = max(run, _swapped_run(m, p, strides))
+                skey = (p, tuple(strides[p.target]), m.shape)
+                sw = self._swapped.get(skey)
+                if sw is None:
+                    sw = self._swapped[skey] = _swapped_run(m, p, strides)
+                run = max(run, sw)
             count, distinct, run_el, ops = self._piece_stats(p, run, tuple(strides[p.target]))
             if count == 0:
                 continue

@@ -160,6 +160,8 @@ class Strategy:
             covered = sum(e.map.covered_size() or 0 for e in es)
             if covered != info.numel:
                 raise StrategyError("uncovered", u, f"chosen edges cover {covered} of {info.numel} elements")
+        if _acyclic({u: {e.dst for e in es} for u, es in self.chosen.items()}):
+            return
         g = nx.DiGraph()
         g.add_edges_from((e.src, e.dst) for es in self.chosen.values() for e in es)
         try:
@@ -394,6 +396,25 @@ class Strategy:
             with open(data) as f:
                 data = json.load(f)
         return cls(vtog, data["edges"])
+
+
+def _acyclic(succ: dict[str, set[str]]) -> bool:
+    """No cycle in a small points-to graph (Kahn's algorithm; networkx only names a cycle once found)."""
+    indeg: dict[str, int] = {}
+    for u, vs in succ.items():
+        indeg.setdefault(u, 0)
+        for v in vs:
+            indeg[v] = indeg.get(v, 0) + 1
+    ready = [u for u, d in indeg.items() if d == 0]
+    seen = 0
+    while ready:
+        u = ready.pop()
+        seen += 1
+        for v in succ.get(u, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    return seen == len(indeg)
 
 
 def _image_boxes(m: IndexMap) -> list[tuple[tuple[int, int], ...]] | None:
