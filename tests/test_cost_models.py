@@ -455,3 +455,38 @@ def test_fast_traffic_equals_symbolic():
 
     check()
     assert seen["fast"] > 50            # the fast path was taken often (and compared)
+
+
+_GPU_PREPARE = r"""
+import json, sys, torch
+sys.path.insert(0, sys.argv[2])
+from experiments.workloads import build_workload
+from vtcsearch.core.capture import capture
+from vtcsearch.core.vtog import build_vtog
+from vtcsearch.core.strategy import Strategy
+from cost_models.profiling import ProfilingOracle
+w = build_workload("llama3", size="tiny", part="attention", phase="decode")
+v = build_vtog(capture(w.model, w.example_inputs))
+o = ProfilingOracle(sys.argv[1], timer="kernels", device="cuda", repeats=3, warmup=1)
+assert not torch.cuda.is_initialized()
+rep = o.prepare(v, workers=4, max_trees=4, max_configs=16)
+ev = o.evaluate(Strategy(v, []))
+print(json.dumps({**rep, "objective": ev.objective, "errors": o.stats.errors, "device": o.device}))
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_prepare_precompiles_real_kernels_on_gpu(tmp_path):
+    """On a GPU: prepare() compiles the candidate Triton kernels in 4 forked workers (a fresh process, so
+    CUDA is not yet initialized), then timing finds them compiled; no oracle errors."""
+    import json
+    import subprocess
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+    out = subprocess.run([sys.executable, "-c", _GPU_PREPARE, str(tmp_path / "g.sqlite"), root], env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+    assert rep["workers"] == 4 and rep["compiled"] == rep["to_measure"] > 0 and rep["failed"] == 0, rep
+    assert math.isfinite(rep["objective"]) and rep["errors"] == 0 and "H200" in rep["device"] or "cuda:" in rep["device"]
