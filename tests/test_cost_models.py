@@ -489,4 +489,4 @@ def test_prepare_precompiles_real_kernels_on_gpu(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     rep = json.loads(out.stdout.strip().splitlines()[-1])
     assert rep["workers"] == 4 and rep["compiled"] == rep["to_measure"] > 0 and rep["failed"] == 0, rep
-    assert math.isfinite(rep["objective"]) and rep["errors"] == 0 and "H200" in rep["device"] or "cuda:" in rep["device"]
+    assert math.isfinite(rep["objective"]) and rep["errors"] == 0 and rep["device"].startswith("cuda:")
