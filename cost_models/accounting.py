@@ -40,7 +40,7 @@ import torch
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
 from vtcsearch.core.graph import TensorGraph, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size
-from vtcsearch.core.strategy import Strategy, StrategyError
+from vtcsearch.core.strategy import Resolver, Strategy, StrategyError
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
     from vtcsearch.core.mapping import _run_length
@@ -100,7 +100,7 @@ class StorageStrides(Mapping):
 
 
 class SharedMemo:
-    """Per-graph memos shared by every :class:`LocalStrategy` of one accounting."""
+    """Per-graph memos shared by every strategy an accounting hands out."""
 
     def __init__(self, graph: TensorGraph):
         self.strides = StorageStrides(graph)
@@ -108,8 +108,8 @@ class SharedMemo:
         self.residuals: dict[tuple, tuple[list, list]] = {}
 
 
-class LocalStrategy(Strategy):
-    """A core :class:`Strategy` with memos that do not change its semantics.
+class AccountingResolver(Resolver):
+    """Answers a core :class:`Strategy`'s questions from an accounting's memos (same answers).
 
     The core recomputes everything per strategy object, which makes
     ``validate()`` cost seconds on a 2,000-tensor graph.  Here, per graph:
@@ -124,21 +124,22 @@ class LocalStrategy(Strategy):
       clobbered base copies, is replayed);
     * a write check that passed is remembered per map (``IndexMap.is_injective``
       evaluates reshape maps numerically: np.unique over up to 2^20 elements).
+
+    One resolver per strategy (it holds that strategy's resolution trees).
     """
 
-    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None):
-        super().__init__(vtog, edges)
+    def __init__(self, acc: "Accounting | None", shared: SharedMemo):
         self._acc = acc
-        self._shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
+        self._shared = shared
         self._tree_ids: dict[str, int] | None = None
 
-    def strides(self) -> Mapping[str, tuple[int, ...]]:  # type: ignore[override]
+    def strides(self, strategy: Strategy) -> Mapping[str, tuple[int, ...]]:
         return self._shared.strides
 
-    def _trees(self) -> dict[str, int] | None:
+    def _trees(self, strategy: Strategy) -> dict[str, int] | None:
         if self._tree_ids is None and self._acc is not None:
             choice = {}
-            for t, es in self.chosen.items():
+            for t, es in strategy.chosen.items():
                 o = self._acc.option_by_edges.get(frozenset(e.id for e in es))
                 if o is None:
                     self._acc = None     # not whole options: resolve the core's way
@@ -147,45 +148,39 @@ class LocalStrategy(Strategy):
             self._tree_ids = self._acc.trees_of_choice(choice)
         return self._tree_ids
 
-    def resolve(self, tensor: str | None = None):  # type: ignore[override]
-        if not self._structure_checked:
-            self._check_structure()      # the core's checks first: a cycle raises StrategyError here
-            self._structure_checked = True
-        if self._acc is None or self._trees() is None:
-            return super().resolve(tensor)
-        if tensor is None:
-            return {t: self.resolve(t) for t in self.graph.tensors}
-        m = self._memo.get(tensor)
-        if m is None:
-            m = self._acc.map_of(tensor, self._tree_ids.get(tensor, PHYS))
-            self._memo[tensor] = m
-        return m
+    def resolve(self, strategy: Strategy, tensor: str) -> IndexMap | None:
+        trees = self._trees(strategy) if self._acc is not None else None
+        if trees is None:
+            return None
+        return self._acc.map_of(tensor, trees.get(tensor, PHYS))
 
-    def residuals_of(self, op_name: str):  # type: ignore[override]
-        if not self._structure_checked:
-            self._check_structure()
-            self._structure_checked = True
-        if op_name in self._res_memo or self._acc is None or self._trees() is None:
-            return super().residuals_of(op_name)
-        op = self.graph.ops[op_name]
-        acc = self._acc
-        key = (op_name,) + tuple(acc.key_of(t, self._tree_ids.get(t, PHYS)) for t in op.inputs + op.outputs)
+    def residuals(self, strategy: Strategy, op_name: str, compute):
+        trees = self._trees(strategy) if self._acc is not None else None
+        if trees is None:
+            return compute()
+        op = strategy.graph.ops[op_name]
+        key = (op_name,) + tuple(self._acc.key_of(t, trees.get(t, PHYS)) for t in op.inputs + op.outputs)
         hit = self._shared.residuals.get(key)
-        if hit is not None:
-            self._clobbers.extend(hit[1])
-            self._res_memo[op_name] = hit[0]
-            return hit[0]
-        n0 = len(self._clobbers)
-        res = super().residuals_of(op_name)
-        self._shared.residuals[key] = (res, list(self._clobbers[n0:]))
-        return res
+        if hit is None:
+            hit = self._shared.residuals[key] = compute()
+        return hit[0], list(hit[1])
 
-    def _check_write(self, t, m, strides, who) -> None:  # type: ignore[override]
+    def check_write(self, strategy: Strategy, m: IndexMap, check) -> None:
         key = repr(m)
         if key in self._shared.write_ok:
             return
-        super()._check_write(t, m, strides, who)
+        check()
         self._shared.write_ok.add(key)
+
+
+def LocalStrategy(vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None) -> Strategy:
+    """A core :class:`Strategy` answering from ``acc``'s memos (see :class:`AccountingResolver`).
+
+    Kept under its old name for callers; prefer :meth:`Accounting.strategy`.
+    Hand ``strategy.detached()`` to realization.
+    """
+    shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
+    return Strategy(vtog, edges, resolver=AccountingResolver(acc, shared))
 
 
 # ---------------------------------------------------------------------------
@@ -238,6 +233,46 @@ def _swapped_run(m: IndexMap, p: Piece, strides) -> int:
         return 0
 
 
+def affine_coefs(p: Piece, strides: Sequence[int]) -> tuple[int, ...] | None:
+    """Coefficient of each index variable in ``p``'s flat offset, computed numerically.
+
+    ``None`` unless every index expression is affine (index variables and runtime scalars only: no
+    div/mod, no lookups), where :meth:`Piece.offset`'s simplification cannot change a coefficient
+    that matters (it only folds variables of extent one into constants).  The fast path of the
+    traffic model: no expression is built or simplified.
+    """
+    n = len(p.region)
+    coefs = [0] * n
+    for e, st in zip(p.index, strides):
+        for a, c in e.terms:
+            if type(a) is Var:
+                nm = a.name
+                if nm[:1] != "i" or not nm[1:].isdigit() or int(nm[1:]) >= n:
+                    return None
+                coefs[int(nm[1:])] += c * int(st)
+            elif type(a) is not Sym:
+                return None
+    return tuple(coefs)
+
+
+def affine_run(coefs: Sequence[int], region, shape: Sequence[int]) -> int:
+    """Contiguous run (elements) of an affine piece without predicates: what ``_run_length`` returns
+    for it, from the offset's coefficients (dims of extent one skipped, a partial dim ends the run)."""
+    run, expected = 1, 1
+    for d in reversed(range(len(region))):
+        lo, hi = region[d]
+        ext = hi - lo
+        if ext == 1:
+            continue
+        if coefs[d] != expected:
+            break
+        run *= ext
+        expected *= ext
+        if (lo, hi) != (0, shape[d]):
+            break
+    return run
+
+
 def _atom_ops(e: Expr) -> float:
     """Integer ops an index expression costs beyond plain strided addressing."""
     ops = 0.0
@@ -281,14 +316,21 @@ class TrafficModel:
     """
 
     def __init__(self, sector: int = 32, coalesce: int = 128,
-                 short_run_penalty: float = 0.25, exact_limit: int = 1 << 12, tile2d: bool = True):
+                 short_run_penalty: float = 0.25, exact_limit: int = 1 << 12, tile2d: bool = True,
+                 fast: bool = True):
+        """``fast``: affine pieces without predicates take the numeric path (:func:`affine_coefs`);
+        ``False`` computes everything symbolically (the reference the tests compare with)."""
         self.tile2d = tile2d
+        self.fast = fast
         self.sector, self.coalesce = sector, coalesce
         self.short_run_penalty = short_run_penalty
         self.exact_limit = exact_limit
         self._piece: dict[tuple, tuple[int, int, int, float]] = {}
         self._maps: dict[tuple[int, int], tuple[IndexMap, Traffic]] = {}
         self._runs: dict[tuple, int] = {}
+        self._affine: dict[tuple, tuple[int, float, int]] = {}
+        self._swapped: dict[tuple, int] = {}
+        self._by_pieces: dict[tuple, Traffic] = {}
 
     def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
         """Traffic of accessing every element of ``m``'s domain once, in row-major order."""
@@ -296,7 +338,11 @@ class TrafficModel:
         if hit is not None and hit[0] is m:
             t = hit[1]
             return Traffic(t.elements, t.distinct, t.bytes, t.dram_bytes, t.l2_bytes, t.index_ops, t.min_run_bytes)
-        out = self._access(m, itemsize, strides)
+        # maps rebuilt per query (residual copies) repeat: remember by content, not identity
+        ckey = (m.shape, m.pieces, itemsize, tuple(sorted((t, tuple(strides[t])) for t in m.targets())))
+        out = self._by_pieces.get(ckey)
+        if out is None:
+            out = self._by_pieces[ckey] = self._access(m, itemsize, strides)
         self._maps[(id(m), itemsize)] = (m, out)
         return Traffic(out.elements, out.distinct, out.bytes, out.dram_bytes, out.l2_bytes, out.index_ops,
                        out.min_run_bytes)
@@ -305,11 +351,21 @@ class TrafficModel:
         out = Traffic()
         for p in m.pieces:
             n = region_size(p.region)
+            if p.target is not None and n and self.fast and not p.conds:
+                st = tuple(strides[p.target])
+                coefs = affine_coefs(p, st)
+                if coefs is not None:
+                    out += self._affine_piece(p, coefs, m.shape, n, itemsize)
+                    continue
             run = self._run(p, strides, m)
             if p.target is None or n == 0:
                 continue
             if self.tile2d and run * itemsize < self.coalesce:
-                run = max(run, _swapped_run(m, p, strides))
+                skey = (p, tuple(strides[p.target]), m.shape)
+                sw = self._swapped.get(skey)
+                if sw is None:
+                    sw = self._swapped[skey] = _swapped_run(m, p, strides)
+                run = max(run, sw)
             count, distinct, run_el, ops = self._piece_stats(p, run, tuple(strides[p.target]))
             if count == 0:
                 continue
@@ -324,6 +380,30 @@ class TrafficModel:
         if len([p for p in m.pieces if p.target is not None]) > 1:
             out.index_ops += 2.0 * (len(m.pieces) - 1) * out.elements  # piece predicates and selects
         return out
+
+    def _affine_piece(self, p: Piece, coefs: tuple[int, ...], shape: tuple[int, ...], n: int,
+                      itemsize: int) -> Traffic:
+        """The traffic of an affine piece without predicates, numerically (same numbers as the symbolic
+        path: ``_run`` / ``_swapped_run`` / ``_piece_stats``; tests compare on random maps)."""
+        key = (coefs, p.region, shape, itemsize)
+        hit = self._affine.get(key)
+        if hit is None:
+            region = p.region
+            run = affine_run(coefs, region, shape)
+            if self.tile2d and run * itemsize < self.coalesce and len(region) >= 2 \
+                    and region[-1][1] - region[-1][0] > 1 and region[-2][1] - region[-2][0] > 1:
+                run = max(run, affine_run(coefs[:-2] + (coefs[-1], coefs[-2]),
+                                          region[:-2] + (region[-1], region[-2]), shape[:-2] + (shape[-1], shape[-2])))
+            distinct = math.prod(hi - lo for c, (lo, hi) in zip(coefs, region) if c != 0 and hi - lo != 1)
+            distinct = min(n, max(distinct, 1))
+            rb = max(1, run) * itemsize
+            factor = math.ceil(rb / self.sector) * self.sector / rb
+            if rb < self.coalesce:
+                factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
+            hit = self._affine[key] = (distinct, factor, rb)
+        distinct, factor, rb = hit
+        return Traffic(elements=n, distinct=distinct, bytes=n * itemsize, dram_bytes=distinct * itemsize * factor,
+                       l2_bytes=(n - distinct) * itemsize, index_ops=0.0, min_run_bytes=rb)
 
     def _run(self, p: Piece, strides, m: IndexMap) -> int:
         if p.target is None:
@@ -639,6 +719,10 @@ class Accounting:
         self.const_bytes = sum(i.nbytes for t, i in g.tensors.items() if i.is_graph_input and i.storage_name == t)
         self.intermediate = {t for t, i in g.tensors.items() if not i.is_graph_input and i.storage_name == t}
 
+    def strategy(self, edges: Iterable[int] = ()) -> Strategy:
+        """A core strategy over this VTOG that answers from this accounting's memos."""
+        return Strategy(self.vtog, edges, resolver=AccountingResolver(self, self.shared))
+
     # -- units ----------------------------------------------------------------
     def _build_units(self) -> None:
         g = self.graph
@@ -779,6 +863,23 @@ class Accounting:
 
         return rec(t, frozenset()), complete[0]
 
+    def configuration_space(self, max_trees: int = 128, max_configs: int = 1024) -> list[tuple[Unit, tuple[str, ...]]]:
+        """Every (unit, configuration) a search over this VTOG may ask about: each unit's tensors' maps
+        over their resolution trees (at most ``max_trees`` per tensor, ``max_configs`` per unit), the
+        enumeration the ILP prices."""
+        keys: dict[str, list[str]] = {}
+        for t in sorted(self.nodes):
+            trees, _ = self.enumerate_trees(t, max_trees)
+            keys[t] = list(dict.fromkeys(self.key_of(t, tid) for tid in trees))
+        out: list[tuple[Unit, tuple[str, ...]]] = []
+        for u in self.units:
+            ks = [keys.get(t, [self.key_of(t, PHYS)]) for t in u.tensors]
+            while math.prod(len(k) for k in ks) > max_configs:
+                i = max(range(len(ks)), key=lambda j: len(ks[j]))
+                ks[i] = ks[i][:-1]
+            out.extend((u, tuple(c)) for c in itertools.product(*ks))
+        return out
+
     # -- maps -----------------------------------------------------------------
     def map_of(self, t: str, tid: int) -> IndexMap:
         """The resolved map of ``t`` under tree ``tid`` (as Strategy.resolve composes it)."""
@@ -876,7 +977,7 @@ class Accounting:
         choice = self.realize(u.tensors, keys)
         got: list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None = None
         if choice is not None:
-            s = LocalStrategy(self.vtog, [e.id for o in choice.values() for e in self.option_edges[o]], self)
+            s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
             try:
                 res = s.residuals_of(u.op)
             except StrategyError:
@@ -902,7 +1003,7 @@ class Accounting:
             return True
         ok = self._write_ok.get(k)
         if ok is None:
-            probe = LocalStrategy(self.vtog, (), self)
+            probe = self.strategy(())
             try:
                 probe._check_write("?", m, self.strides, "probe")
                 ok = True

@@ -93,9 +93,22 @@ class OracleStats:
     measurements: int = 0     # real timings taken (profiling oracle)
     cache_hits: int = 0       # answers served from a persistent cache or a recorded file
     seconds_measuring: float = 0.0
+    errors: int = 0           # exceptions inside the oracle, answered as an infeasible cost
+    transient_errors: int = 0  # of which transient (out of memory, timeout): answered, never cached
 
     def snapshot(self) -> dict[str, float]:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if isinstance(v, (int, float))}
+
+
+def is_transient(e: BaseException) -> bool:
+    """A failure that says nothing about the configuration (out of memory, a timeout): never cached."""
+    import subprocess
+    if isinstance(e, (TimeoutError, subprocess.TimeoutExpired)):
+        return True
+    oom = getattr(__import__("torch"), "OutOfMemoryError", None)
+    if oom is not None and isinstance(e, oom):
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
 
 
 @dataclass
@@ -125,6 +138,7 @@ class CostOracle:
     def __init__(self, objective: Objective | None = None):
         self.objective = objective or Objective.latency()
         self.stats = OracleStats()
+        self.error_log: list[str] = []   # the first messages of the exceptions counted in stats.errors
         self._acc: dict[int, tuple[weakref.ref, Accounting]] = {}   # VTOGs are unhashable dataclasses
         self._costs: "weakref.WeakKeyDictionary[Accounting, dict]" = weakref.WeakKeyDictionary()
 
@@ -166,11 +180,37 @@ class CostOracle:
                     c = self.measure(spec)
                 except OracleError:
                     raise
-                except Exception as e:  # an oracle that cannot cost a configuration calls it infeasible
-                    c = UnitCost(math.inf, feasible=False, detail={"error": f"{type(e).__name__}: {e}"})
+                except Exception as e:  # counted and reported; the configuration is answered infeasible
+                    msg = self.record_error(u, e)
+                    c = UnitCost(math.inf, feasible=False, detail={"error": msg})
+                    if is_transient(e):   # asked again next time, not remembered as infeasible
+                        self.stats.seconds_measuring += time.perf_counter() - t0
+                        self.stats.unit_queries -= 1
+                        return c
                 self.stats.seconds_measuring += time.perf_counter() - t0
             memo[ck] = c
         return c
+
+    def record_error(self, u: Unit, e: BaseException) -> str:
+        """Count an exception raised while costing unit ``u`` (``stats.errors``) and keep its first lines."""
+        msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        self.stats.errors += 1
+        if is_transient(e):
+            self.stats.transient_errors += 1
+        if len(self.error_log) < 20:
+            self.error_log.append(f"{u.name}: {msg}")
+        return msg
+
+    def note_errors(self, notes: list[str]) -> None:
+        """Put (or refresh) one line in a run's ``notes`` saying how many oracle exceptions were answered
+        as infeasible costs; nothing when there were none."""
+        head = f"The {self.name} oracle raised "
+        notes[:] = [n for n in notes if not n.startswith(head)]
+        st = self.stats
+        if st.errors:
+            notes.append(f"{head}{st.errors} exception(s) while costing configurations ({st.transient_errors} "
+                         f"transient, not cached); those configurations were treated as infeasible. First: "
+                         f"{self.error_log[0] if self.error_log else '?'}")
 
     def unit_keys(self, acc: Accounting, u: Unit, trees: Mapping[str, int]) -> tuple[str, ...]:
         return tuple(acc.key_of(t, trees.get(t, PHYS)) for t in u.tensors)

@@ -7,7 +7,8 @@ oracle asks a pluggable **timer** ``timer(spec) -> seconds``; the cache key is
 positionally, launch configuration) plus the timer's name and the device, so
 the same kernel in two layers, or in a second search, is measured once.  A
 timer that raises (a kernel that fails to compile or launch) records the
-configuration as infeasible (``inf``) rather than failing the search.
+configuration as infeasible (``inf``) rather than failing the search, and counts it in
+``stats.errors``; a transient failure (out of memory, a timeout) is counted and never stored.
 
 Two timers, both real:
 
@@ -31,6 +32,7 @@ import math
 import os
 import platform
 import sqlite3
+import warnings
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
@@ -39,8 +41,8 @@ from vtcsearch.core.expr import evaluate
 from vtcsearch.codegen.lowering import substitute as _subst
 from vtcsearch.core.mapping import IndexMap, Piece
 
-from .accounting import UnitSpec
-from .base import CostOracle, Objective, UnitCost
+from .accounting import ImpossibleConfig, UnitSpec
+from .base import CostOracle, Objective, UnitCost, is_transient
 
 
 class Timer(Protocol):
@@ -53,8 +55,50 @@ class Timer(Protocol):
 
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
+        if not torch.cuda.is_initialized():   # ask NVML: forked compile workers need a parent without CUDA
+            try:
+                import subprocess
+                idx = device.index or 0
+                names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                                       capture_output=True, text=True, timeout=20).stdout.splitlines()
+                if len(names) > idx and names[idx].strip():
+                    return f"cuda:{names[idx].strip()}"
+            except (OSError, subprocess.SubprocessError):
+                pass
         return f"cuda:{torch.cuda.get_device_name(device)}"
     return f"cpu:{platform.processor() or platform.machine()}"
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+        return triton.__version__
+    except Exception:   # no Triton: the reference timer does not need it
+        return "none"
+
+
+def codegen_source_hash() -> str:
+    """Digest of the code that generates the timed kernels (vtcsearch/codegen): a change re-measures."""
+    import vtcsearch.codegen as cg
+    root = os.path.dirname(os.path.abspath(cg.__file__))
+    h = hashlib.sha256()
+    for dirpath, dirnames, files in sorted(os.walk(root)):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for f in sorted(files):
+            if f.endswith(".py"):
+                with open(os.path.join(dirpath, f), "rb") as fh:
+                    h.update(f.encode() + b"\0" + fh.read())
+    return h.hexdigest()[:12]
+
+
+def environment_key(device: torch.device, timer: Any) -> str:
+    """What a measurement is valid for: GPU (or CPU) name, torch, triton and the kernel source hash.
+
+    Stored in the ``device`` column, so one cache file holds every environment side by side and a new
+    torch, triton or kernel template measures afresh instead of replaying stale timings.
+    """
+    src = timer.source_hash() if hasattr(timer, "source_hash") else "-"
+    return f"{device_name(device)}|torch={torch.__version__}|triton={_triton_version()}|src={src}"
 
 
 def time_callable(fn: Callable[[], Any], device: torch.device | str, repeats: int = 10, warmup: int = 2) -> float:
@@ -258,6 +302,16 @@ class KernelTimer:
     def launch(self, spec: UnitSpec) -> dict[str, Any]:
         return {}
 
+    def source_hash(self) -> str:
+        return codegen_source_hash()
+
+    def compile(self, spec: UnitSpec) -> None:
+        """Lower (compile and autotune) the unit once without timing it: fills Triton's on-disk cache."""
+        fn = self.prepare(spec)
+        fn()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def prepare(self, spec: UnitSpec) -> Callable[[], Any]:
         """Storages with random data, the unit lowered onto them (compiled and autotuned): its launch."""
         from vtcsearch.codegen.kernels import Operand, copy_pieces
@@ -342,8 +396,28 @@ class MeasurementStore:
         self.path = str(path)
         if self.path != ":memory:":
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        try:
+            self._open()
+        except sqlite3.DatabaseError as e:   # not a database, truncated, malformed: start a new one
+            if self.path == ":memory:":
+                raise
+            aside = f"{self.path}.corrupt-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}"
+            os.replace(self.path, aside)
+            warnings.warn(f"measurement cache {self.path} is unreadable ({e}); moved aside to {aside}, "
+                          f"starting a new one", RuntimeWarning, stacklevel=2)
+            self._open()
+
+    def _open(self) -> None:
         self.conn = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-        self.conn.executescript(SCHEMA)
+        try:
+            self.conn.executescript(SCHEMA)
+            ok = self.conn.execute("PRAGMA quick_check").fetchone()
+            if not ok or ok[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check: {ok[0] if ok else 'no answer'}")
+            self.conn.execute("SELECT COUNT(*) FROM measurements").fetchone()
+        except sqlite3.DatabaseError:
+            self.conn.close()
+            raise
 
     def get(self, key: str, timer: str, device: str) -> tuple[float, bool, str | None] | None:
         row = self.conn.execute("SELECT seconds, feasible, error FROM measurements WHERE key=? AND timer=? AND device=?",
@@ -398,7 +472,7 @@ class ProfilingOracle(CostOracle):
             timer = ReferenceTimer(device, repeats=repeats, warmup=warmup)
         self.timer = timer
         dev = getattr(self.timer, "device", None) or torch.device(device or "cpu")
-        self.device = device_name(torch.device(dev))
+        self.device = environment_key(torch.device(dev), self.timer)
         self.store = MeasurementStore(db, keep_specs)
         self.store.set_meta(device=self.device, timer=self.timer.name, torch=torch.__version__)
         self.repeats = repeats
@@ -417,10 +491,84 @@ class ProfilingOracle(CostOracle):
         self.stats.measurements += 1
         try:
             sec, ok, err = float(self.timer(spec)), True, None
-        except Exception as e:  # infeasible configuration: recorded, not raised
-            sec, ok, err = math.inf, False, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        except Exception as e:  # a configuration that cannot run: counted, stored as infeasible
+            if is_transient(e):
+                raise           # out of memory, timeout: the base counts it and caches nothing
+            err = self.record_error(spec.unit, e)
+            sec, ok = math.inf, False
         self.store.put(key, self.timer.name, self.device, sec, ok, err, spec.kind, spec.unit.name, self.repeats)
         return UnitCost(sec if ok else math.inf, feasible=ok, detail={"error": err} if err else {})
 
+    # -- preparing a search ----------------------------------------------------------------------
+    def candidate_specs(self, vtog: Any, max_trees: int = 128, max_configs: int = 1024) -> list[UnitSpec]:
+        """The distinct kernels and copies a search over ``vtog`` may time, one per measurement key.
+
+        Identical kernels (the same layer in 32 layers, the same copy in two blocks) share a key
+        (:meth:`UnitSpec.key` renames storages positionally), so each is listed, and timed, once.
+        """
+        acc = self.accounting(vtog)
+        launch = getattr(self.timer, "launch", None)
+        seen: dict[str, UnitSpec] = {}
+        for u, keys in acc.configuration_space(max_trees, max_configs):
+            try:
+                spec = acc.spec(u, keys)
+            except ImpossibleConfig:
+                continue
+            if spec.empty:
+                continue
+            if launch is not None:
+                spec.launch = dict(launch(spec) or {})
+                spec._key = None
+            seen.setdefault(spec.key(), spec)
+        return list(seen.values())
+
+    def prepare(self, vtog: Any, workers: int | None = None, max_trees: int = 128,
+                max_configs: int = 1024) -> dict[str, Any]:
+        """List the distinct candidate kernels of a search not yet in the cache and compile them in parallel.
+
+        Compilation runs in a pool of ``workers`` forked processes (default: the CPU count) calling
+        ``timer.compile(spec)``; Triton's on-disk cache then makes this process's compile at timing a
+        cache hit.  Forking is only safe before this process touches CUDA; otherwise (or with one
+        worker, or a timer without ``compile``) nothing is precompiled and timing compiles as it goes.
+        Returns counts: candidates, cached, to_measure, compiled, failed, workers, seconds.
+        """
+        t0 = time.perf_counter()
+        specs = self.candidate_specs(vtog, max_trees, max_configs)
+        todo = [sp for sp in specs if self.store.get(sp.key(), self.timer.name, self.device) is None]
+        workers = (os.cpu_count() or 1) if workers is None else workers
+        compile_ = getattr(self.timer, "compile", None)
+        out = {"candidates": len(specs), "cached": len(specs) - len(todo), "to_measure": len(todo),
+               "compiled": 0, "failed": 0, "workers": 0}
+        forkable = not (torch.cuda.is_available() and torch.cuda.is_initialized())
+        if compile_ is not None and todo and workers > 1 and forkable:
+            import multiprocessing as mp
+            from concurrent.futures import ProcessPoolExecutor
+            global _PREPARING
+            _PREPARING = (compile_, todo)
+            try:
+                with ProcessPoolExecutor(min(workers, len(todo)), mp_context=mp.get_context("fork")) as pool:
+                    errs = list(pool.map(_compile_one, range(len(todo)), chunksize=max(1, len(todo) // (8 * workers))))
+            finally:
+                _PREPARING = None
+            out["failed"] = sum(e is not None for e in errs)
+            out["compiled"] = len(todo) - out["failed"]
+            out["workers"] = min(workers, len(todo))
+        out["seconds"] = time.perf_counter() - t0
+        return out
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "timer": self.timer.name, "device": self.device, "db": self.store.path}
+
+
+_PREPARING: tuple[Callable[[UnitSpec], Any], list[UnitSpec]] | None = None   # inherited by forked workers
+
+
+def _compile_one(i: int) -> str | None:
+    """Compile candidate ``i`` in a pool worker; the error text if it fails (timing will record it)."""
+    assert _PREPARING is not None
+    compile_, specs = _PREPARING
+    try:
+        compile_(specs[i])
+        return None
+    except Exception as e:
+        return f"{type(e).__name__}: {e}"

@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
-from vtcsearch.core.strategy import StrategyError
+from vtcsearch.core.strategy import Strategy, StrategyError
 
 from vtcsearch.core.mapping import IndexMap
 
-from .accounting import PHYS, Accounting, LocalStrategy
+from .accounting import PHYS, Accounting
 from .base import CostOracle, Evaluation
 from vtcsearch.core.vtog import VTOG
 
@@ -86,9 +86,8 @@ class SearchState:
     def options(self) -> list[int]:
         return sorted(self.choice.values())
 
-    def strategy(self) -> LocalStrategy:
-        return LocalStrategy(self.vtog, [e.id for o in self.choice.values() for e in self.acc.option_edges[o]],
-                             self.acc)
+    def strategy(self) -> Strategy:
+        return self.acc.strategy([e.id for o in self.choice.values() for e in self.acc.option_edges[o]])
 
     def evaluation(self) -> Evaluation:
         return self.oracle._evaluate_trees(self.acc, self.trees, rows=True)
@@ -239,7 +238,7 @@ class SearchState:
         """The core's verdict on ``choice`` (default: the current state): None or the broken rule."""
         choice = self.choice if choice is None else choice
         self.core_validations += 1
-        s = LocalStrategy(self.vtog, [e.id for o in choice.values() for e in self.acc.option_edges[o]], self.acc)
+        s = self.acc.strategy([e.id for o in choice.values() for e in self.acc.option_edges[o]])
         try:
             s.validate()
         except StrategyError as e:

@@ -40,6 +40,7 @@ class SolveResult:
     status: str                                  # optimal | feasible | heuristic | reference
     trace: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    oracle_errors: int = 0                       # exceptions inside the oracle, answered as infeasible
 
     def summary(self) -> dict[str, Any]:
         """One flat row (for a DataFrame)."""
@@ -47,7 +48,8 @@ class SolveResult:
                 "peak_mib": (self.peak_bytes or 0) / 2 ** 20, "virtual": len(self.strategy.virtual),
                 "eliminated": len(self.strategy.eliminated_ops()), "oracle_calls": self.oracle_calls,
                 "unit_queries": self.unit_queries, "measurements": self.measurements,
-                "cache_hits": self.cache_hits, "wall_s": self.wall_s, "status": self.status}
+                "cache_hits": self.cache_hits, "wall_s": self.wall_s, "status": self.status,
+                "oracle_errors": self.oracle_errors}
 
     def trace_frame(self):
         import pandas as pd
@@ -96,9 +98,10 @@ class Run:
                 dropped += 1
         ev = self.oracle.evaluate(strategy, rows=False)
         info = {**(info or {}), "dropped_by_final_validation": dropped} if dropped else dict(info or {})
-        return SolveResult(self.name, strategy, sorted(opts), ev.objective, ev.latency_s, ev.peak_bytes,
+        return SolveResult(self.name, strategy.detached(), sorted(opts), ev.objective, ev.latency_s, ev.peak_bytes,
                            self.delta("calls"), self.delta("unit_queries"), self.delta("measurements"),
-                           self.delta("cache_hits"), self.elapsed(), status, self.trace, info)
+                           self.delta("cache_hits"), self.elapsed(), status, self.trace, info,
+                           oracle_errors=self.delta("errors"))
 
 
 def usable_options(state: SearchState) -> dict[str, list[int]]:

@@ -629,6 +629,7 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                 case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
             except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
                 case, r = failed_case(ctx, params, b, e)
+            ctx.oracle.note_errors(ctx.notes)   # exceptions inside the oracle: counted, reported (issue 11)
             summary["cases"].append(case)
             summary["rows"] += r
             write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)

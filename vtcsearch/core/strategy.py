@@ -19,13 +19,19 @@ output's resolved location differs from its input's.  Elimination is simply
 ``hazard``             an element is overwritten while a tensor that still
                        needs its old value is read later
 =====================  ===================================================
+
+A :class:`Resolver` may be attached to a strategy: it answers the same
+questions (resolved maps, storage strides, residual copies, write checks) from
+its owner's memos.  It is how a search asks thousands of strategies cheaply
+without subclassing the core; a strategy handed to realization has none.
 """
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import networkx as nx
 
@@ -58,12 +64,44 @@ class ResidualCopy:
         return sum(region_size(d.region) for d, _ in self.pairs)
 
 
-class Strategy:
-    """A set of chosen VTOG edges (a points-to graph when valid)."""
+class Resolver:
+    """Extension point: serve a :class:`Strategy`'s answers from memos, without changing them.
 
-    def __init__(self, vtog: VTOG, edges: Iterable[int] = ()):
+    Every method may return the core's own answer by calling ``compute`` (or
+    returning ``None`` where documented); an implementation must return exactly
+    what the core would (tests compare).  The base class is the core's behaviour.
+    """
+
+    def strides(self, strategy: "Strategy") -> Mapping[str, tuple[int, ...]] | None:
+        """Element strides of every storage, or None for the core's dict."""
+        return None
+
+    def resolve(self, strategy: "Strategy", tensor: str) -> IndexMap | None:
+        """The resolved map of a virtual ``tensor``, or None to compose it the core's way."""
+        return None
+
+    def residuals(self, strategy: "Strategy", op_name: str,
+                  compute: Callable[[], tuple[list["ResidualCopy"], list[tuple[str, str]]]]
+                  ) -> tuple[list["ResidualCopy"], list[tuple[str, str]]]:
+        """(residual copies of ``op_name``, base copies they clobber): ``compute()`` or a memo of it."""
+        return compute()
+
+    def check_write(self, strategy: "Strategy", m: IndexMap, check: Callable[[], None]) -> None:
+        """Run ``check()`` (raises :class:`StrategyError`) unless ``m`` is known writable."""
+        check()
+
+
+class Strategy:
+    """A set of chosen VTOG edges (a points-to graph when valid).
+
+    ``resolver``: an optional :class:`Resolver` (a search's memos); derived
+    strategies (``with_edges``) do not inherit it.
+    """
+
+    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), resolver: Resolver | None = None):
         self.vtog = vtog
         self.edges = frozenset(int(e) for e in edges)
+        self.resolver = resolver
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
@@ -122,6 +160,8 @@ class Strategy:
             covered = sum(e.map.covered_size() or 0 for e in es)
             if covered != info.numel:
                 raise StrategyError("uncovered", u, f"chosen edges cover {covered} of {info.numel} elements")
+        if _acyclic({u: {e.dst for e in es} for u, es in self.chosen.items()}):
+            return
         g = nx.DiGraph()
         g.add_edges_from((e.src, e.dst) for es in self.chosen.values() for e in es)
         try:
@@ -129,6 +169,11 @@ class Strategy:
         except nx.NetworkXNoCycle:
             return
         raise StrategyError("cycle", cyc[0][0], "points-to chain " + " -> ".join(a for a, _ in cyc) + f" -> {cyc[0][0]}")
+
+    def _ensure_structure(self) -> None:
+        if not self._structure_checked:
+            self._check_structure()
+            self._structure_checked = True
 
     # -- resolution ---------------------------------------------------------
     def storage_shape(self, storage: str) -> tuple[int, ...]:
@@ -138,25 +183,33 @@ class Strategy:
         t = self.graph.tensors[storage]
         return t.strides if t.is_graph_input else contiguous_strides(t.shape)
 
-    def strides(self) -> dict[str, tuple[int, ...]]:
+    def strides(self) -> Mapping[str, tuple[int, ...]]:
         """Element strides of every storage (graph inputs keep theirs; the rest are allocated contiguous)."""
+        got = self.resolver.strides(self) if self.resolver is not None else None
+        if got is not None:
+            return got
         return {s: self.storage_strides(s) for s in self.storages()}
+
+    def detached(self) -> "Strategy":
+        """The same edges with no resolver (what realization and persistence should hold)."""
+        return Strategy(self.vtog, self.edges)
 
     def storages(self) -> set[str]:
         return {self.graph.tensors[t].storage_name for t in self.graph.tensors if not self.is_virtual(t)}
 
     def resolve(self, tensor: str | None = None) -> dict[str, IndexMap] | IndexMap:
         """Where every tensor (or one) lives: a map into physical storages.  Computed lazily."""
-        if not self._structure_checked:
-            self._check_structure()
-            self._structure_checked = True
+        self._ensure_structure()
         if tensor is None:
             return {t: self.resolve(t) for t in self.graph.tensors}
         if tensor not in self._memo:
             info = self.graph.tensors[tensor]
+            m = None
             if not self.is_virtual(tensor):
                 m = IndexMap.identity(info.shape, info.storage_name)
-            else:
+            elif self.resolver is not None:
+                m = self.resolver.resolve(self, tensor)
+            if m is None:
                 m = IndexMap.union(info.shape, [e.map.compose({e.dst: self.resolve(e.dst)})
                                                 for e in self.chosen[tensor]])
             self._memo[tensor] = m
@@ -167,7 +220,18 @@ class Strategy:
         """The copies one movement op still has to make under this strategy."""
         if op_name in self._res_memo:
             return self._res_memo[op_name]
+        self._ensure_structure()
+        compute = lambda: self._compute_residuals(op_name)  # noqa: E731
+        out, clobbers = (self.resolver.residuals(self, op_name, compute) if self.resolver is not None
+                         else compute())
+        self._clobbers.extend(clobbers)
+        self._res_memo[op_name] = out
+        return out
+
+    def _compute_residuals(self, op_name: str) -> tuple[list[ResidualCopy], list[tuple[str, str]]]:
+        """(residual copies of one op, the base copies among them that clobber runtime-indexed updates)."""
         op = self.graph.ops[op_name]
+        clobbers: list[tuple[str, str]] = []
         mv = op.movement
         names = {f"in{k}": t for k, t in enumerate(op.inputs)} | {f"out{j}": t for j, t in enumerate(op.outputs)}
         out: list[ResidualCopy] = []
@@ -183,15 +247,14 @@ class Strategy:
                     if not pairs:
                         continue
                 elif images:
-                    self._clobbers.append((dst_t, op.name))
+                    clobbers.append((dst_t, op.name))
                 out.append(ResidualCopy(op.name, dst_t, src_t, self.resolve(dst_t).shape, pairs))
         for u in mv.updates:
             dst_t, src_t = op.outputs[u.output], op.inputs[u.source]
             dst_map = u.map.retarget(names).compose({dst_t: self.resolve(dst_t)})
             for _, ps in _differences(dst_map, self.resolve(src_t), self, op.inputs).items():
                 out.append(ResidualCopy(op.name, dst_t, src_t, u.map.shape, ps))
-        self._res_memo[op_name] = out
-        return out
+        return out, clobbers
 
     @property
     def residuals(self) -> list[ResidualCopy]:
@@ -243,6 +306,13 @@ class Strategy:
         return True
 
     def _check_write(self, t: str, m: IndexMap, strides, who: str) -> None:
+        check = lambda: self._check_write_core(t, m, strides, who)  # noqa: E731
+        if self.resolver is not None:
+            self.resolver.check_write(self, m, check)
+        else:
+            check()
+
+    def _check_write_core(self, t: str, m: IndexMap, strides, who: str) -> None:
         for p in m.pieces:
             if p.target is None:
                 raise StrategyError("non-injective-write", t, f"{who}: part of it is a constant")
@@ -326,6 +396,25 @@ class Strategy:
             with open(data) as f:
                 data = json.load(f)
         return cls(vtog, data["edges"])
+
+
+def _acyclic(succ: dict[str, set[str]]) -> bool:
+    """No cycle in a small points-to graph (Kahn's algorithm; networkx only names a cycle once found)."""
+    indeg: dict[str, int] = {}
+    for u, vs in succ.items():
+        indeg.setdefault(u, 0)
+        for v in vs:
+            indeg[v] = indeg.get(v, 0) + 1
+    ready = [u for u, d in indeg.items() if d == 0]
+    seen = 0
+    while ready:
+        u = ready.pop()
+        seen += 1
+        for v in succ.get(u, ()):
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    return seen == len(indeg)
 
 
 def _image_boxes(m: IndexMap) -> list[tuple[tuple[int, int], ...]] | None:
