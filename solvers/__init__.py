@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from .base import SolveResult, SolverRefused
+from .base import SolveResult, SolverRefused, SolverStatus
 
 _MODULES = {"none": "none", "all": "all", "greedy": "greedy", "ilp": "ilp", "optuna": "optuna_search",
             "exhaustive": "exhaustive"}
@@ -54,4 +54,4 @@ def get_solver(name: str) -> Callable[..., SolveResult]:
         raise ValueError(f"unknown solver {name!r}; choices: {', '.join(SOLVERS)}") from None
 
 
-__all__ = ["SOLVERS", "SolveResult", "SolverRefused", "get_solver"]
+__all__ = ["SOLVERS", "SolveResult", "SolverRefused", "SolverStatus", "get_solver"]
