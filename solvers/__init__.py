@@ -7,10 +7,12 @@
 ``greedy`` (the paper's global greedy), ``ilp`` (CP-SAT, exact for the
 oracle), ``optuna`` (TPE or random sampling, SQLite-resumable), ``exhaustive``
 (ground truth for small VTOGs), ``none`` (all physical) and ``all`` (every
-Type I option).
+Type I option).  The searching solvers run through :mod:`solvers.decompose`
+(independent parts separately, repeated parts once; ``decompose=False`` turns it off).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Callable
 
@@ -26,7 +28,11 @@ class _Registry(dict):
     def __missing__(self, name: str) -> Callable[..., SolveResult]:
         if name not in _MODULES:
             raise KeyError(name)
-        fn = importlib.import_module(f".{_MODULES[name]}", __name__).solve
+        mod = importlib.import_module(f".{_MODULES[name]}", __name__)
+        fn = mod.solve
+        if getattr(mod, "DECOMPOSE", False):      # searching solvers: independent parts, repeated ones once
+            from .decompose import solve_decomposed
+            fn = functools.partial(solve_decomposed, name, mod.solve)
         self[name] = fn
         return fn
 

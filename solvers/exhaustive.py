@@ -20,6 +20,7 @@ from vtcsearch.core.vtog import VTOG
 from .base import Run, SolveResult, SolverRefused, SolverStatus, usable_options
 
 NAME = "exhaustive"
+DECOMPOSE = True   # solved part by part through solvers.decompose
 DEFAULT_LIMIT = 1 << 16
 
 

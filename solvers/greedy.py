@@ -45,6 +45,7 @@ from vtcsearch.core.vtog import VTOG
 from .base import Run, SolveResult, SolverStatus, penalized, usable_options
 
 NAME = "greedy"
+DECOMPOSE = True   # solved part by part through solvers.decompose
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int = 0,

@@ -62,6 +62,7 @@ from vtcsearch.core.vtog import VTOG
 from .base import Run, SolveResult, SolverStatus
 
 NAME = "ilp"
+DECOMPOSE = True   # solved part by part through solvers.decompose
 PS = 1e12   # latency in integer picoseconds
 
 
