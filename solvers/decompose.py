@@ -3,16 +3,16 @@
 Why this is exact for a latency objective: the cost is a sum of unit costs
 (:mod:`cost_models.accounting`), and a unit's cost depends only on the maps
 of its tensors, which depend only on the options taken by the tensors that
-resolve through them.  Two candidate tensors *interact* when one option
-points into the other's tree (an edge), or when they are tensors of one unit
-(a kernel's I/O, a movement op's copy).  The connected components of that
-relation (edges, units; conflicting edges share a tensor or form a 2-cycle,
-so conflicts are inside components too) are independent: the optimum of the
-whole is the union of the optima of the parts.  Hazards depend on storages,
-and every tensor that may resolve into a storage is joined to it by an edge,
-so they stay inside a component as well; the combined strategy is still
-validated by the core, and a part that fails at a seam is solved jointly with
-the whole VTOG instead (said in ``info``).  Peak memory is not a sum over
+resolve through them.  Two candidate tensors (tensors with options; the
+others are physical, with fixed maps) *interact* when an option of one points
+into the other (an edge), or when they are tensors of one unit (a kernel's
+I/O, a movement op's copy).  The connected components of that relation
+(conflicting edges share a tensor or form a 2-cycle, so conflicts are inside
+components too) are independent for the cost: the optimum of the whole is
+the union of the optima of the parts.  Hazards are not local to a part (two
+parts may write into one physical storage), so the combined strategy is
+validated by the core, and when a seam fails the VTOG is solved whole
+instead (said in ``info["decomposition_failed"]``).  Peak memory is not a sum over
 parts, so memory and mix objectives (and a memory cap) are solved whole.
 
 Repeated structure (the 32 identical layers of a decoder): parts whose
@@ -44,13 +44,15 @@ Solve = Callable[..., SolveResult]
 def parts(vtog: VTOG, oracle: CostOracle) -> list[list[int]]:
     """Option ids of each independent part (connected components of the interaction relation), in order."""
     acc = oracle.accounting(vtog)
+    cands = set(acc.options_of)          # a tensor without options is physical: its map is fixed
     g = nx.Graph()
-    g.add_nodes_from(acc.nodes)
+    g.add_nodes_from(cands)
     for o in range(len(vtog.options)):
         for d in acc.option_targets[o]:
-            g.add_edge(acc.option_tensor[o], d)
+            if d in cands:
+                g.add_edge(acc.option_tensor[o], d)
     for u in acc.units:
-        ts = [t for t in u.tensors if t in acc.nodes]
+        ts = [t for t in u.tensors if t in cands]
         for a, b in zip(ts, ts[1:]):
             g.add_edge(a, b)
     comp = {t: k for k, c in enumerate(nx.connected_components(g)) for t in c}
@@ -128,11 +130,12 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
     chosen: list[int] = []
     statuses: list[SolverStatus] = []
     sub_info: list[dict[str, Any]] = []
-    per_budget = budget          # rounds, points, trials: per part; seconds (the ILP's): shared out
-    if name == "ilp":
-        per_budget = max(0.5, (60.0 if budget is None else float(budget)) / len(classes))
+    total = sum(len(ps[m[0]]) for m in classes.values())
     for sig, members in classes.items():
         rep = ps[members[0]]
+        per_budget = budget      # rounds, points, trials: per part; the ILP's seconds: shared by part size
+        if name == "ilp":
+            per_budget = max(0.5, (60.0 if budget is None else float(budget)) * len(rep) / total)
         r = solve(sub_vtog(vtog, rep), oracle, budget=per_budget, seed=seed, **options)
         statuses.append(r.status)
         sub_info.append({"options": len(rep), "copies": len(members), "status": str(r.status),

@@ -279,3 +279,54 @@ def test_ilp_never_worse_than_greedy_without_a_valid_solution():
     assert il.options == gr.options and abs(il.objective - gr.objective) <= _tol(gr.objective)
     none = get_solver("none")(v, oracle)
     assert il.objective < none.objective
+
+
+class Branches(torch.nn.Module):
+    """Independent identical branches (the shape of repeated layers without a residual stream)."""
+
+    def forward(self, a, c, *bs):
+        outs = []
+        for b in bs:
+            x = a @ b
+            y = x[:, :16]
+            t = torch.sigmoid(x) @ c
+            outs.append(torch.relu(t)[:, :16] * 2.0 + y)
+        return tuple(outs)
+
+
+def test_decomposition_equals_the_whole_and_solves_repeats_once():
+    """Independent parts solved separately give the monolithic optimum; identical parts are solved once."""
+    from vtcsearch.core.capture import capture
+    args = (torch.randn(64, 32), torch.randn(256, 256), *(torch.randn(32, 256) for _ in range(3)))
+    v = build_vtog(capture(Branches(), args))
+    oracle = AnalyticalOracle("H200")
+    whole = get_solver("ilp")(v, oracle, decompose=False)
+    ex = get_solver("exhaustive")(v, oracle, decompose=False)
+    parted = get_solver("ilp")(v, oracle)
+    parted.strategy.validate()
+    assert parted.info["parts"] >= 3 and parted.info["solves"] < parted.info["parts"]
+    assert max(s["copies"] for s in parted.info["sub_results"]) == 3          # the three branches: one solve
+    assert abs(parted.objective - whole.objective) <= _tol(whole.objective)
+    assert abs(parted.objective - ex.objective) <= _tol(ex.objective) and parted.status == "optimal"
+    g = get_solver("greedy")(v, oracle)
+    assert g.info["solves"] == parted.info["solves"]
+
+
+@pytest.mark.parametrize("source", ["random", "shufflenet"])
+def test_decomposition_equals_monolithic_ilp(source):
+    from solvers.decompose import parts
+    oracle = AnalyticalOracle("H200")
+    if source == "random":
+        vs = [random_vtog(6, seed=s, **SIZES) for s in (0, 3)]
+    else:
+        from experiments.workloads import build_workload
+        from vtcsearch.core.capture import capture
+        w = build_workload("shufflenet", size="tiny")
+        vs = [build_vtog(capture(w.model, w.example_inputs))]
+    for v in vs:
+        assert len(parts(v, oracle)) > 1, "a multi-part VTOG is needed here"
+        whole = get_solver("ilp")(v, oracle, decompose=False)
+        parted = get_solver("ilp")(v, oracle)
+        parted.strategy.validate()
+        assert "decomposition_failed" not in parted.info and parted.info["parts"] > 1
+        assert abs(parted.objective - whole.objective) <= _tol(whole.objective), (parted.info, whole.info)
