@@ -21,12 +21,13 @@ replaced by their first-occurrence index) is equal are solved once; the
 copies take the corresponding options.  ``info["solves"]`` counts the parts
 actually solved, ``info["parts"]`` all of them.
 
-Every searching solver goes through :func:`solve_decomposed` (via
-:func:`solvers.get_solver`); ``decompose=False`` solves the VTOG whole.
+Every searching solver whose module sets ``DECOMPOSE`` (greedy, ILP,
+exhaustive) goes through :func:`solve_decomposed` via
+:func:`solvers.get_solver`; ``decompose=False`` solves the VTOG whole.
+Optuna is solved whole: one study (trials, storage) belongs to one search.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -128,6 +129,7 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
     for k, os_ in enumerate(ps):
         classes.setdefault(signature(vtog, oracle, os_), []).append(k)
     chosen: list[int] = []
+    first: dict[str, Any] = {}
     statuses: list[SolverStatus] = []
     sub_info: list[dict[str, Any]] = []
     total = sum(len(ps[m[0]]) for m in classes.values())
@@ -138,14 +140,15 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
             per_budget = max(0.5, (60.0 if budget is None else float(budget)) * len(rep) / total)
         r = solve(sub_vtog(vtog, rep), oracle, budget=per_budget, seed=seed, **options)
         statuses.append(r.status)
+        first = first or dict(r.info)        # the solver's own settings (refresh, ...), as a whole solve has them
         sub_info.append({"options": len(rep), "copies": len(members), "status": str(r.status),
                          "objective": r.objective, "wall_s": r.wall_s,
                          **{k: r.info[k] for k in ("gap", "bound", "cuts") if k in r.info}})
         pos = sorted(r.options)              # sub-VTOG option i is option rep[i] of the whole
         for k in members:
             chosen.extend(ps[k][i] for i in pos)
-        run.record(math.nan, part=len(statuses), copies=len(members), sub_objective=r.objective)
-    info: dict[str, Any] = {"parts": len(ps), "solves": len(classes), "sub_results": sub_info}
+        run.trace.extend({**row, "part": len(statuses) - 1, "copies": len(members)} for row in r.trace)
+    info: dict[str, Any] = {**first, "parts": len(ps), "solves": len(classes), "sub_results": sub_info}
     try:
         res = run.finish(chosen, _combined(statuses), info)
         if res.info.get("dropped_by_final_validation"):

@@ -29,7 +29,7 @@ from vtcsearch.core.vtog import VTOG
 from .base import Run, SolveResult, SolverStatus, usable_options
 
 NAME = "optuna"
-DECOMPOSE = True   # solved part by part through solvers.decompose
+DECOMPOSE = False  # one study (trials, storage) per search: solved whole
 PHYSICAL = "phys"
 
 
