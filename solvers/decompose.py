@@ -149,6 +149,8 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
             chosen.extend(ps[k][i] for i in pos)
         run.trace.extend({**row, "part": len(statuses) - 1, "copies": len(members)} for row in r.trace)
     info: dict[str, Any] = {**first, "parts": len(ps), "solves": len(classes), "sub_results": sub_info}
+    if any("cuts" in s for s in sub_info):
+        info["cuts"] = sum(s.get("cuts", 0) for s in sub_info)
     try:
         res = run.finish(chosen, _combined(statuses), info)
         if res.info.get("dropped_by_final_validation"):
