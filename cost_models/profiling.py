@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import sqlite3
+import time
 import warnings
 from typing import Any, Callable, Mapping, Protocol, Sequence
 

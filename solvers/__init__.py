@@ -7,14 +7,16 @@
 ``greedy`` (the paper's global greedy), ``ilp`` (CP-SAT, exact for the
 oracle), ``optuna`` (TPE or random sampling, SQLite-resumable), ``exhaustive``
 (ground truth for small VTOGs), ``none`` (all physical) and ``all`` (every
-Type I option).
+Type I option).  The searching solvers run through :mod:`solvers.decompose`
+(independent parts separately, repeated parts once; ``decompose=False`` turns it off).
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import Callable
 
-from .base import SolveResult, SolverRefused
+from .base import SolveResult, SolverRefused, SolverStatus
 
 _MODULES = {"none": "none", "all": "all", "greedy": "greedy", "ilp": "ilp", "optuna": "optuna_search",
             "exhaustive": "exhaustive"}
@@ -26,7 +28,11 @@ class _Registry(dict):
     def __missing__(self, name: str) -> Callable[..., SolveResult]:
         if name not in _MODULES:
             raise KeyError(name)
-        fn = importlib.import_module(f".{_MODULES[name]}", __name__).solve
+        mod = importlib.import_module(f".{_MODULES[name]}", __name__)
+        fn = mod.solve
+        if getattr(mod, "DECOMPOSE", False):      # searching solvers: independent parts, repeated ones once
+            from .decompose import solve_decomposed
+            fn = functools.partial(solve_decomposed, name, mod.solve)
         self[name] = fn
         return fn
 
@@ -54,4 +60,4 @@ def get_solver(name: str) -> Callable[..., SolveResult]:
         raise ValueError(f"unknown solver {name!r}; choices: {', '.join(SOLVERS)}") from None
 
 
-__all__ = ["SOLVERS", "SolveResult", "SolverRefused", "get_solver"]
+__all__ = ["SOLVERS", "SolveResult", "SolverRefused", "SolverStatus", "get_solver"]

@@ -11,7 +11,7 @@ from cost_models import CostOracle
 from cost_models.state import SearchState, greedy_repair
 from vtcsearch.core.vtog import VTOG, EdgeClass
 
-from .base import Run, SolveResult, usable_options
+from .base import Run, SolveResult, SolverStatus, usable_options
 
 NAME = "all"
 
@@ -25,4 +25,4 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
               if all(e.cls in classes for e in state.acc.option_edges[o])]
     kept = greedy_repair(state, wanted)
     run.record(state.objective(), taken=len(kept), skipped=len(wanted) - len(kept))
-    return run.finish(kept, "reference", {"type_i_options": len(wanted), "taken": len(kept)})
+    return run.finish(kept, SolverStatus.REFERENCE, {"type_i_options": len(wanted), "taken": len(kept)})

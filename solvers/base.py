@@ -8,6 +8,7 @@ asked for, ``measurements`` the real timings they caused (profiling oracle).
 """
 from __future__ import annotations
 
+import enum
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,16 @@ from cost_models.accounting import LocalStrategy
 from cost_models.state import SearchState
 from vtcsearch.core.strategy import Strategy, StrategyError
 from vtcsearch.core.vtog import VTOG
+
+
+class SolverStatus(enum.StrEnum):
+    """What a solver's answer is known to be (a ``str``: JSON and CSV files keep the plain value)."""
+
+    OPTIMAL = "optimal"                    # proven optimal for the oracle (exhaustive, or CP-SAT with a proof)
+    FEASIBLE = "feasible"                  # valid, not proven optimal: the ILP's info has its bound and gap
+    GREEDY_INCUMBENT = "greedy_incumbent"  # the ILP found nothing better than greedy's (valid) solution
+    HEURISTIC = "heuristic"                # greedy, Optuna: no claim
+    REFERENCE = "reference"                # none / all: fixed strategies to compare against
 
 
 class SolverRefused(ValueError):
@@ -37,7 +48,7 @@ class SolveResult:
     measurements: int
     cache_hits: int
     wall_s: float
-    status: str                                  # optimal | feasible | heuristic | reference
+    status: SolverStatus
     trace: list[dict[str, Any]] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     oracle_errors: int = 0                       # exceptions inside the oracle, answered as infeasible
@@ -78,7 +89,7 @@ class Run:
                            "unit_queries": self.delta("unit_queries"), "measurements": self.delta("measurements"),
                            "objective": objective, "best": self.best, **extra})
 
-    def finish(self, options: Iterable[int], status: str, info: Mapping[str, Any] | None = None,
+    def finish(self, options: Iterable[int], status: SolverStatus, info: Mapping[str, Any] | None = None,
                validated: Strategy | None = None) -> SolveResult:
         """Validate with the core (dropping the latest options until valid) and evaluate the result."""
         opts = list(options)
@@ -100,7 +111,7 @@ class Run:
         info = {**(info or {}), "dropped_by_final_validation": dropped} if dropped else dict(info or {})
         return SolveResult(self.name, strategy.detached(), sorted(opts), ev.objective, ev.latency_s, ev.peak_bytes,
                            self.delta("calls"), self.delta("unit_queries"), self.delta("measurements"),
-                           self.delta("cache_hits"), self.elapsed(), status, self.trace, info,
+                           self.delta("cache_hits"), self.elapsed(), SolverStatus(status), self.trace, info,
                            oracle_errors=self.delta("errors"))
 
 

@@ -17,9 +17,10 @@ from cost_models.state import SearchState
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
 
-from .base import Run, SolveResult, SolverRefused, usable_options
+from .base import Run, SolveResult, SolverRefused, SolverStatus, usable_options
 
 NAME = "exhaustive"
+DECOMPOSE = True   # solved part by part through solvers.decompose
 DEFAULT_LIMIT = 1 << 16
 
 
@@ -77,5 +78,5 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
     if keep_points:
         info["objectives"] = [p[0] for p in points]
     if best is None:  # nothing finite and valid: all physical is always valid
-        return run.finish([], "optimal", info)
-    return run.finish(list(best[1]), "optimal", info, validated=best[2])
+        return run.finish([], SolverStatus.OPTIMAL, info)
+    return run.finish(list(best[1]), SolverStatus.OPTIMAL, info, validated=best[2])

@@ -42,9 +42,10 @@ from cost_models import CostOracle
 from cost_models.state import SearchState
 from vtcsearch.core.vtog import VTOG
 
-from .base import Run, SolveResult, penalized, usable_options
+from .base import Run, SolveResult, SolverStatus, penalized, usable_options
 
 NAME = "greedy"
+DECOMPOSE = True   # solved part by part through solvers.decompose
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int = 0,
@@ -165,7 +166,7 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
         for p in todo:
             evaluate(p)
     settle()
-    return run.finish(list(state.choice.values()), "heuristic",
+    return run.finish(list(state.choice.values()), SolverStatus.HEURISTIC,
                       {"rounds": rnd, "rejected": rejected, "refresh": refresh,
                        "core_validations": state.core_validations})
 

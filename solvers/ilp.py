@@ -35,12 +35,17 @@ assumes the violation does not depend on choices away from that storage,
 which holds for the hazards the core reports (tests compare with exhaustive
 search).
 
-When the caps (``max_trees`` per tensor, ``max_configs`` per unit) cut the
-space, the result is reported as ``feasible`` rather than ``optimal``; the
-greedy solution is then computed first, kept inside the capped space and
-used as the starting hint (``warm_start``), so the ILP is never worse than
-greedy.  ``budget``: time limit in seconds for CP-SAT (default 60);
-``workers``: CP-SAT threads (1).
+The ILP is never worse than greedy: greedy's solution is computed first, kept
+inside the (possibly capped) space and given to CP-SAT as the starting hint;
+when the budget ends without a *valid* solution better than greedy's (after
+the lazy cuts), greedy's strategy is returned with status
+``greedy_incumbent``.  The status says what was proven: ``optimal`` only with
+CP-SAT's proof on an uncapped model, otherwise ``feasible`` with the bound
+and relative gap CP-SAT reports in ``info`` (``bound``, ``gap``).  When the
+caps (``max_trees`` per tensor, ``max_configs`` per unit) cut the space the
+result is never ``optimal``.  ``budget``: time limit in seconds for CP-SAT
+(default 60); ``workers``: CP-SAT threads (1); ``warm_start=False`` skips
+greedy (tests of the model alone).
 """
 from __future__ import annotations
 
@@ -54,15 +59,16 @@ from cost_models.accounting import PHYS, LocalStrategy
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
 
-from .base import Run, SolveResult
+from .base import Run, SolveResult, SolverStatus
 
 NAME = "ilp"
+DECOMPOSE = True   # solved part by part through solvers.decompose
 PS = 1e12   # latency in integer picoseconds
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int = 0, workers: int = 1,
           max_trees: int = 128, max_configs: int = 1024, max_cuts: int = 50,
-          hint: list[int] | None = None, warm_start: bool | None = None) -> SolveResult:
+          hint: list[int] | None = None, warm_start: bool = True) -> SolveResult:
     from ortools.sat.python import cp_model
     run = Run(NAME, vtog, oracle)
     acc = oracle.accounting(vtog)
@@ -101,9 +107,8 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         info["complete"] &= complete
     # a model restricted by the caps keeps the greedy solution reachable (and starts from it)
     protected: dict[str, str] = {}
-    n_keys = {t: len({acc.key_of(t, tid) for tid in trees[t]}) for t in nodes}
-    capped = any(math.prod(n_keys.get(t, 1) for t in u.tensors) > max_configs for u in acc.units)
-    if warm_start or (warm_start is None and (capped or not info["complete"])):
+    g = None
+    if warm_start:
         from . import greedy
         g = greedy.solve(vtog, oracle)
         hint = list(g.options) if hint is None else hint
@@ -278,12 +283,31 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
                 m.add_hint(lit, o in on)
     info.update(cuts=cuts, solver_status=status_name, build_s=t_solve, solve_s=run.elapsed() - t_solve,
                 model_objective=solver.objective_value if strategy is not None else None)
+    if status_name in ("OPTIMAL", "FEASIBLE"):
+        info.update(_bound_and_gap(solver, obj, acc))
+    proven = strategy is not None and status_name == "OPTIMAL" and info["complete"]
+    if g is not None and not proven:
+        mine = oracle.evaluate(strategy, rows=False).objective if strategy is not None else math.inf
+        if not mine < g.objective:
+            # nothing valid and better than greedy's solution when the budget ended: return greedy's
+            info.update(incumbent="greedy", ilp_objective=None if strategy is None else mine)
+            return run.finish(g.options, SolverStatus.GREEDY_INCUMBENT, info, validated=g.strategy)
     if strategy is None:
-        # no valid solution within the limits: fall back to all physical (always valid)
+        # no valid solution within the limits and no greedy run: all physical (always valid)
         info["fallback"] = "none"
-        return run.finish([], "feasible", info)
-    status = "optimal" if status_name == "OPTIMAL" and info["complete"] else "feasible"
-    return run.finish(chosen, status, info, validated=strategy)
+        return run.finish([], SolverStatus.FEASIBLE, info)
+    return run.finish(chosen, SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE, info, validated=strategy)
+
+
+def _bound_and_gap(solver, obj, acc) -> dict[str, float]:
+    """CP-SAT's best bound and relative gap, in the objective's units (what was proven about the optimum)."""
+    val, bound = solver.objective_value, solver.best_objective_bound
+    gap = 0.0 if val == bound else abs(val - bound) / max(abs(val), 1e-30)
+    scale = 1.0 / PS if not obj.memory_weight else (1.0 if not obj.latency_weight else None)
+    out = {"gap": gap}
+    if scale is not None:
+        out["bound"] = bound * scale + (acc.const_bytes if not obj.latency_weight else 0.0)
+    return out
 
 
 def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:

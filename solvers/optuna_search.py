@@ -26,9 +26,10 @@ from cost_models import CostOracle
 from cost_models.state import SearchState, greedy_repair
 from vtcsearch.core.vtog import VTOG
 
-from .base import Run, SolveResult, usable_options
+from .base import Run, SolveResult, SolverStatus, usable_options
 
 NAME = "optuna"
+DECOMPOSE = False  # one study (trials, storage) per search: solved whole
 PHYSICAL = "phys"
 
 
@@ -82,7 +83,7 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
         return val if math.isfinite(val) else 1e9
 
     if not cands:
-        return run.finish([], "heuristic", {"trials": 0})
+        return run.finish([], SolverStatus.HEURISTIC, {"trials": 0})
     remaining = max(0, n_trials - done)
     if remaining:
         # other workers on the same storage count too: stop when the study holds n_trials finished trials
@@ -93,6 +94,6 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
     info: dict[str, Any] = {"study": name, "trials": len(study.trials), "resumed_from": done,
                             "repaired": repaired[0], "sampler": sampler, "infeasible": infeasible}
     if not finished:
-        return run.finish([], "heuristic", info)
+        return run.finish([], SolverStatus.HEURISTIC, info)
     best = min(finished, key=lambda t: (t.value, t.number))
-    return run.finish(list(best.user_attrs.get("options", [])), "heuristic", info)
+    return run.finish(list(best.user_attrs.get("options", [])), SolverStatus.HEURISTIC, info)

@@ -10,6 +10,7 @@ import time
 import warnings
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..")))
 
@@ -37,18 +38,13 @@ def exact_vtogs():
 
 @pytest.fixture(scope="module")
 def workload_vtogs():
-    try:
-        from experiments.workloads import build_workload
-    except ImportError:
-        return []
+    """Real workloads; one that fails to build fails the tests that use it (never silently dropped)."""
+    from experiments.workloads import build_workload
     from vtcsearch.core.capture import capture
     out = []
     for name, kw in [("llama3", dict(part="attention")), ("gemma2", dict(part="attention")), ("shufflenet", {})]:
-        try:
-            w = build_workload(name, size="tiny", **kw)
-            out.append((name, build_vtog(capture(w.model, w.example_inputs))))
-        except Exception:
-            continue
+        w = build_workload(name, size="tiny", **kw)
+        out.append((name, build_vtog(capture(w.model, w.example_inputs))))
     return out
 
 
@@ -119,6 +115,47 @@ def test_ilp_equals_exhaustive_other_objectives(exact_vtogs, objective):
         ex = get_solver("exhaustive")(v, oracle)
         il = get_solver("ilp")(v, oracle, budget=30)
         assert abs(il.objective - ex.objective) <= max(_tol(ex.objective), 1e-6 * abs(ex.objective))
+
+
+class LongLived(torch.nn.Module):
+    """A slice read only at the end: virtual (no copy, fastest) it keeps the big tensor it views alive."""
+
+    def __init__(self, width: int, tail: int):
+        super().__init__()
+        self.width, self.tail = width, tail
+
+    def forward(self, a, b, c):
+        x = a @ b
+        y = x[:, :self.width]
+        t = torch.sigmoid(x) @ c              # x dies here unless y lives in it
+        u = torch.relu(t) @ c
+        return u[:, :self.tail] * 2.0 + y[:, :self.tail]
+
+
+@pytest.fixture(scope="module")
+def tradeoff_vtogs():
+    from vtcsearch.core.capture import capture
+    out = []
+    for width, tail, n in [(16, 16, 1024), (256, 16, 1024), (512, 64, 768)]:
+        args = (torch.randn(256, 64), torch.randn(64, n), torch.randn(n, n))
+        out.append(build_vtog(capture(LongLived(width, tail), args)))
+    return out
+
+
+@pytest.mark.parametrize("objective", [Objective.memory(), Objective.mix(1e-2)], ids=["memory", "mix"])
+def test_ilp_equals_exhaustive_where_latency_and_memory_disagree(tradeoff_vtogs, objective):
+    """On VTOGs whose latency optimum is not optimal for memory, the ILP still finds the exhaustive optimum."""
+    lat = AnalyticalOracle("H200")
+    oracle = AnalyticalOracle("H200", objective=objective)
+    for v in tradeoff_vtogs:
+        fastest = get_solver("exhaustive")(v, lat)
+        ex = get_solver("exhaustive")(v, oracle)
+        worse = oracle.evaluate(fastest.strategy, rows=False).objective
+        assert worse > ex.objective * (1 + 1e-6), "the latency optimum must not be optimal here"
+        il = get_solver("ilp")(v, oracle, budget=30)
+        il.strategy.validate()
+        assert abs(il.objective - ex.objective) <= max(_tol(ex.objective), 1e-6 * abs(ex.objective)), \
+            (il.options, ex.options)
 
 
 def test_memory_cap(exact_vtogs):
@@ -208,16 +245,88 @@ def test_second_search_makes_no_measurements(tmp_path, exact_vtogs):
 
 @pytest.mark.slow
 def test_scale_2000(record_property):
-    """Greedy and ILP on a ~2,000-node VTOG on one core (a generous smoke bound; scaling is measured by
-    ``python -m solvers.scaling``)."""
+    """On a ~2,000-node VTOG on one core: ILP <= greedy <= all physical, every strategy valid (the time
+    bound is generous; the 30 s target is measured by ``python -m solvers.scaling``)."""
     v = random_vtog(target_nodes=2000, seed=0, batch=2, seq=64, dims=(128, 256, 512))
     assert v.nx.number_of_nodes() >= 2000
-    for name in ("greedy", "ilp"):
-        oracle = AnalyticalOracle("H200")
+    res = {}
+    oracle = AnalyticalOracle("H200")     # shared: the ILP's own greedy run reuses the memoized unit costs
+    for name in ("none", "greedy", "ilp"):
         t0 = time.perf_counter()
-        r = get_solver(name)(v, oracle, **({"workers": 1} if name == "ilp" else {}))
+        r = get_solver(name)(v, oracle, **({"workers": 1, "budget": 30} if name == "ilp" else {}))
         dt = time.perf_counter() - t0
         r.strategy.validate()
+        res[name] = r
         record_property(f"{name}_seconds", dt)
-        print(f"\n{name}: {dt:.1f}s on {v.nx.number_of_nodes()} VTOG nodes, objective {r.objective * 1e6:.1f} us")
-        assert dt < 240
+        print(f"\n{name}: {dt:.1f}s on {v.nx.number_of_nodes()} VTOG nodes, objective {r.objective * 1e6:.1f} us, "
+              f"{r.status}")
+    assert res["ilp"].info["solve_s"] < 35          # CP-SAT within its 30 s budget (plus the last validation)
+    assert res["ilp"].objective <= res["greedy"].objective + _tol(res["greedy"].objective)
+    assert res["greedy"].objective <= res["none"].objective + _tol(res["none"].objective)
+    assert res["ilp"].status in ("optimal", "feasible", "greedy_incumbent") and "gap" in res["ilp"].info
+
+
+def test_ilp_never_worse_than_greedy_without_a_valid_solution():
+    """CP-SAT's first solution is cut off (a hazard) and no cut is allowed: the ILP returns greedy's
+    valid solution instead of all physical, and says so."""
+    v = random_vtog(3, seed=910, motifs=("cache", "linear", "slice", "act", "split_cat"), **SIZES)
+    oracle = RandomCosts()
+    il = get_solver("ilp")(v, oracle, max_cuts=0)
+    il.strategy.validate()
+    assert il.info["cuts"] == 1, "this VTOG's first CP-SAT solution is no longer invalid: pick another seed"
+    gr = get_solver("greedy")(v, oracle)
+    assert il.status == "greedy_incumbent" and il.info["incumbent"] == "greedy", (il.status, il.info)
+    assert il.options == gr.options and abs(il.objective - gr.objective) <= _tol(gr.objective)
+    none = get_solver("none")(v, oracle)
+    assert il.objective < none.objective
+
+
+class Branches(torch.nn.Module):
+    """Independent identical branches (the shape of repeated layers without a residual stream)."""
+
+    def forward(self, a, c, *bs):
+        outs = []
+        for b in bs:
+            x = a @ b
+            y = x[:, :16]
+            t = torch.sigmoid(x) @ c
+            outs.append(torch.relu(t)[:, :16] * 2.0 + y)
+        return tuple(outs)
+
+
+def test_decomposition_equals_the_whole_and_solves_repeats_once():
+    """Independent parts solved separately give the monolithic optimum; identical parts are solved once."""
+    from vtcsearch.core.capture import capture
+    args = (torch.randn(64, 32), torch.randn(256, 256), *(torch.randn(32, 256) for _ in range(3)))
+    v = build_vtog(capture(Branches(), args))
+    oracle = AnalyticalOracle("H200")
+    whole = get_solver("ilp")(v, oracle, decompose=False)
+    ex = get_solver("exhaustive")(v, oracle, decompose=False)
+    parted = get_solver("ilp")(v, oracle)
+    parted.strategy.validate()
+    assert parted.info["parts"] >= 3 and parted.info["solves"] < parted.info["parts"]
+    assert max(s["copies"] for s in parted.info["sub_results"]) == 3          # the three branches: one solve
+    assert abs(parted.objective - whole.objective) <= _tol(whole.objective)
+    assert abs(parted.objective - ex.objective) <= _tol(ex.objective) and parted.status == "optimal"
+    g = get_solver("greedy")(v, oracle)
+    assert g.info["solves"] == parted.info["solves"]
+
+
+@pytest.mark.parametrize("source", ["random", "shufflenet"])
+def test_decomposition_equals_monolithic_ilp(source):
+    from solvers.decompose import parts
+    oracle = AnalyticalOracle("H200")
+    if source == "random":
+        vs = [random_vtog(6, seed=s, **SIZES) for s in (0, 3)]
+    else:
+        from experiments.workloads import build_workload
+        from vtcsearch.core.capture import capture
+        w = build_workload("shufflenet", size="tiny")
+        vs = [build_vtog(capture(w.model, w.example_inputs))]
+    for v in vs:
+        assert len(parts(v, oracle)) > 1, "a multi-part VTOG is needed here"
+        whole = get_solver("ilp")(v, oracle, decompose=False)
+        parted = get_solver("ilp")(v, oracle)
+        parted.strategy.validate()
+        assert "decomposition_failed" not in parted.info and parted.info["parts"] > 1
+        assert abs(parted.objective - whole.objective) <= _tol(whole.objective), (parted.info, whole.info)

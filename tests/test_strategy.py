@@ -191,3 +191,33 @@ def test_random_sound_strategies_on_llama_equal_eager_bit_for_bit():
         for k, t in ref_cache.items():
             assert torch.equal(g.exported.state_dict[k], t), f"KV cache {k} differs"
     assert valid >= 6
+
+
+class ReadAndWriteInOneStep(nn.Module):
+    def forward(self, a, b):
+        data = a @ b                                  # [6, 4]
+        k = data.sum(0, keepdim=True)                 # [1, 4]: one kernel reads every row of data...
+        new = torch.slice_scatter(data, k, 0, 2, 3)   # ...and its result lands in row 2
+        return new * 2
+
+
+def test_same_step_read_and_write_is_a_hazard():
+    """A kernel that writes into storage it is still reading (same step) races with itself: rejected."""
+    torch.manual_seed(2)
+    args = (torch.randn(6, 3), torch.randn(3, 4))
+    g = capture(ReadAndWriteInOneStep(), args)
+    v = build_vtog(g)
+    sc = next(o for o in g.movement_ops() if o.movement_op.name == "slice_scatter")
+    new, data, k = sc.outputs[0], sc.inputs[0], sc.inputs[1]
+    order = g.order()
+    producer = g.tensors[k].producer
+    assert producer in g.tensors[data].consumers and order[producer] > order[g.tensors[data].producer]
+    bad = Strategy.from_options(v, [_option(v, new, kind="inplace").id,
+                                    _option(v, k, kind="input_over_output").id])
+    with pytest.raises(StrategyError, match=rf"\[hazard\] {data}: read by step {order[producer]} after {k} "
+                                            rf"overwrote part of {data} at step {order[producer]}"):
+        bad.validate()
+    # either half alone is sound
+    for o in (_option(v, new, kind="inplace"), _option(v, k, kind="input_over_output")):
+        s = Strategy.from_options(v, [o.id]).validate()
+        assert torch.equal(_run(g, s, args)[0], g.exported.module()(*args))

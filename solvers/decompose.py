@@ -1,0 +1,172 @@
+"""Decomposition: solve the independent parts of a VTOG separately, and repeated parts once.
+
+Why this is exact for a latency objective: the cost is a sum of unit costs
+(:mod:`cost_models.accounting`), and a unit's cost depends only on the maps
+of its tensors, which depend only on the options taken by the tensors that
+resolve through them.  Two candidate tensors (tensors with options; the
+others are physical, with fixed maps) *interact* when an option of one points
+into the other (an edge), or when they are tensors of one unit (a kernel's
+I/O, a movement op's copy).  The connected components of that relation
+(conflicting edges share a tensor or form a 2-cycle, so conflicts are inside
+components too) are independent for the cost: the optimum of the whole is
+the union of the optima of the parts.  Hazards are not local to a part (two
+parts may write into one physical storage), so the combined strategy is
+validated by the core, and when a seam fails the VTOG is solved whole
+instead (said in ``info["decomposition_failed"]``).  Peak memory is not a sum over
+parts, so memory and mix objectives (and a memory cap) are solved whole.
+
+Repeated structure (the 32 identical layers of a decoder): parts whose
+*signature* (ops, shapes, dtypes, maps and unit structure with tensor names
+replaced by their first-occurrence index) is equal are solved once; the
+copies take the corresponding options.  ``info["solves"]`` counts the parts
+actually solved, ``info["parts"]`` all of them.
+
+Every searching solver whose module sets ``DECOMPOSE`` (greedy, ILP,
+exhaustive) goes through :func:`solve_decomposed` via
+:func:`solvers.get_solver`; ``decompose=False`` solves the VTOG whole.
+Optuna is solved whole: one study (trials, storage) belongs to one search.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+import networkx as nx
+
+from cost_models import CostOracle
+from vtcsearch.core.strategy import StrategyError
+from vtcsearch.core.vtog import VTOG
+
+from .base import Run, SolveResult, SolverStatus
+
+Solve = Callable[..., SolveResult]
+
+
+def parts(vtog: VTOG, oracle: CostOracle) -> list[list[int]]:
+    """Option ids of each independent part (connected components of the interaction relation), in order."""
+    acc = oracle.accounting(vtog)
+    cands = set(acc.options_of)          # a tensor without options is physical: its map is fixed
+    g = nx.Graph()
+    g.add_nodes_from(cands)
+    for o in range(len(vtog.options)):
+        for d in acc.option_targets[o]:
+            if d in cands:
+                g.add_edge(acc.option_tensor[o], d)
+    for u in acc.units:
+        ts = [t for t in u.tensors if t in cands]
+        for a, b in zip(ts, ts[1:]):
+            g.add_edge(a, b)
+    comp = {t: k for k, c in enumerate(nx.connected_components(g)) for t in c}
+    by: dict[int, list[int]] = {}
+    for o in range(len(vtog.options)):
+        by.setdefault(comp[acc.option_tensor[o]], []).append(o)
+    return sorted(by.values(), key=lambda os_: os_[0])
+
+
+def sub_vtog(vtog: VTOG, options: list[int]) -> VTOG:
+    """The VTOG restricted to ``options`` (same graph; edges and options renumbered from 0)."""
+    eids = sorted({e for o in options for e in vtog.options[o].edges})
+    new_id = {e: k for k, e in enumerate(eids)}
+    sub = VTOG(vtog.graph)
+    for e in eids:
+        ed = replace(vtog.edges[e], id=new_id[e])
+        sub.edges.append(ed)
+        sub.nx.add_edge(ed.src, ed.dst, key=ed.id, cls=ed.cls, op=ed.op, kind=ed.kind)
+    for k, o in enumerate(options):
+        op = vtog.options[o]
+        sub.options.append(replace(op, id=k, edges=tuple(new_id[e] for e in op.edges)))
+    sub.conflicts = {frozenset(new_id[e] for e in pair) for pair in vtog.conflicts if all(e in new_id for e in pair)}
+    return sub
+
+
+def signature(vtog: VTOG, oracle: CostOracle, options: list[int]) -> str:
+    """A description of a part with tensor names replaced by first-occurrence indices (equal: same problem)."""
+    acc = oracle.accounting(vtog)
+    g = vtog.graph
+    names: dict[str, int] = {}
+
+    def n(t: str | None) -> str:
+        if t is None:
+            return "-"
+        if t not in names:
+            names[t] = len(names)
+        info = g.tensors[t]
+        return f"t{names[t]}:{tuple(info.shape)}:{info.dtype}:{info.kind}:{info.is_output}"
+
+    def m(mp) -> str:
+        return ";".join(f"{n(p.target)}<{p.region}|{p.index}|{p.cond if hasattr(p, 'cond') else ''}>"
+                        for p in mp.pieces)
+
+    out = []
+    tensors: list[str] = []
+    for o in options:
+        op = vtog.options[o]
+        tensors.append(op.tensor)
+        out.append(f"O {n(op.tensor)} {g.ops[op.op].target_name}")
+        for e in op.edges:
+            ed = vtog.edges[e]
+            tensors.append(ed.dst)
+            out.append(f" E {n(ed.src)}>{n(ed.dst)} {ed.kind} {ed.cls} {ed.run} {m(ed.map)}")
+    units = sorted({u for t in dict.fromkeys(tensors) for u in acc.units_of.get(t, [])})
+    for u in units:
+        un = acc.units[u]
+        ops = acc.kernel_ops[un.kernel] if un.kernel else [un.op]
+        out.append(f"U {un.kind} {un.out} {un.src} " + ",".join(n(t) for t in un.tensors) + " "
+                   + ",".join(g.ops[x].target_name for x in ops))
+    return "\n".join(out)
+
+
+def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, budget: Any = None,
+                     seed: int = 0, decompose: bool = True, **options: Any) -> SolveResult:
+    """``solve`` on each independent part (repeated parts once), combined; whole when that cannot be exact."""
+    if not decompose or oracle.objective.needs_memory:
+        return solve(vtog, oracle, budget=budget, seed=seed, **options)
+    ps = parts(vtog, oracle)
+    if len(ps) <= 1:
+        return solve(vtog, oracle, budget=budget, seed=seed, **options)
+    run = Run(name, vtog, oracle)
+    classes: dict[str, list[int]] = {}
+    for k, os_ in enumerate(ps):
+        classes.setdefault(signature(vtog, oracle, os_), []).append(k)
+    chosen: list[int] = []
+    first: dict[str, Any] = {}
+    statuses: list[SolverStatus] = []
+    sub_info: list[dict[str, Any]] = []
+    total = sum(len(ps[m[0]]) for m in classes.values())
+    for sig, members in classes.items():
+        rep = ps[members[0]]
+        per_budget = budget      # rounds, points, trials: per part; the ILP's seconds: shared by part size
+        if name == "ilp":
+            per_budget = max(0.5, (60.0 if budget is None else float(budget)) * len(rep) / total)
+        r = solve(sub_vtog(vtog, rep), oracle, budget=per_budget, seed=seed, **options)
+        statuses.append(r.status)
+        first = first or dict(r.info)        # the solver's own settings (refresh, ...), as a whole solve has them
+        sub_info.append({"options": len(rep), "copies": len(members), "status": str(r.status),
+                         "objective": r.objective, "wall_s": r.wall_s,
+                         **{k: r.info[k] for k in ("gap", "bound", "cuts") if k in r.info}})
+        pos = sorted(r.options)              # sub-VTOG option i is option rep[i] of the whole
+        for k in members:
+            chosen.extend(ps[k][i] for i in pos)
+        run.trace.extend({**row, "part": len(statuses) - 1, "copies": len(members)} for row in r.trace)
+    info: dict[str, Any] = {**first, "parts": len(ps), "solves": len(classes), "sub_results": sub_info}
+    if any("cuts" in s for s in sub_info):
+        info["cuts"] = sum(s.get("cuts", 0) for s in sub_info)
+    try:
+        res = run.finish(chosen, _combined(statuses), info)
+        if res.info.get("dropped_by_final_validation"):
+            raise StrategyError("hazard", "", "a seam between parts")
+        return res
+    except StrategyError as e:
+        whole = solve(vtog, oracle, budget=budget, seed=seed, **options)
+        whole.info.update(decomposition_failed=str(e), parts=len(ps))
+        return whole
+
+
+def _combined(statuses: list[SolverStatus]) -> SolverStatus:
+    """What the union proves: optimal only if every part is; otherwise the weakest claim."""
+    if all(s == SolverStatus.OPTIMAL for s in statuses):
+        return SolverStatus.OPTIMAL
+    for s in (SolverStatus.REFERENCE, SolverStatus.HEURISTIC, SolverStatus.FEASIBLE):
+        if s in statuses:
+            return s
+    return SolverStatus.FEASIBLE
