@@ -13,6 +13,7 @@ Registered names and their parameters (all builders also take size / batch / dev
   "efficientvit"  EfficientViT-B1 (Cityscapes seg model).  head {"seg","none"}, resolution (1024, 2048)
   "yolo11"        YOLO11 detect.  variant {"n","s"}, imgsz (640)
   "shufflenet"    ShuffleNetV2 x1.0.  resolution (224)
+  "zoo"           torchvision / timm / transformers models (zoo.CASES).  model, native_dtype
 
 size="full" uses the official hyper-parameters; size="tiny" a scaled-down copy with the same
 structure that runs on CPU in milliseconds. device="meta" (default) builds without allocating
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import efficientvit, gemma2, llama3, shufflenet, yolo11
+from . import efficientvit, gemma2, llama3, shufflenet, yolo11, zoo
 from ._common import Workload, count_params
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
@@ -35,6 +36,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "efficientvit": efficientvit.build,
     "yolo11": yolo11.build,
     "shufflenet": shufflenet.build,
+    "zoo": zoo.build,
 }
 
 
