@@ -488,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--solver", default="ilp")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
+    ap.add_argument("--jobs", type=int, default=1, help="models checked at once (each in its own process)")
     ap.add_argument("--json", default="", help="also write the records to this JSON file")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)   # used by check_isolated
     a = ap.parse_args(argv)
@@ -497,15 +498,20 @@ def main(argv: list[str] | None = None) -> int:
         print("ZOO-RESULT " + json.dumps(rec), flush=True)
         return 0
     names = [n for n in a.models.split(",") if n] or list(CASES)
-    records = []
-    for n in names:
-        rec = check_isolated(n, size=a.size, timeout_s=a.timeout, solver=a.solver, batch=a.batch)
-        records.append(rec)
+    from concurrent.futures import ThreadPoolExecutor
+    done: dict[str, dict[str, Any]] = {}
+
+    def one(n: str) -> None:
+        rec = done[n] = check_isolated(n, size=a.size, timeout_s=a.timeout, solver=a.solver, batch=a.batch)
         print(f"{n:24s} {'pass' if rec.get('ok') else 'FAIL'} {rec.get('compile_s')} s  {rec.get('error') or ''}",
               flush=True)
         if a.json:
             with open(a.json, "w") as f:
-                json.dump(records, f, indent=1)
+                json.dump([done[m] for m in names if m in done], f, indent=1)
+
+    with ThreadPoolExecutor(max(1, a.jobs)) as pool:
+        list(pool.map(one, names))
+    records = [done[n] for n in names]
     print(table(records))
     return 0 if all(r.get("ok") for r in records) else 1
 
