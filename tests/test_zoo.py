@@ -68,18 +68,37 @@ def test_config_covers_every_case():
 
 
 def test_check_case_reports_a_wrong_answer_as_one_line(monkeypatch):
-    """A compiled model that disagrees with eager is a failed record naming the error, never a pass."""
-    import vtcsearch
-    real = vtcsearch.compile
+    """The checker itself: a compiled model that disagrees with eager is a failed record, never a pass.
 
-    def wrong(model, inputs, **kw):
-        fast = real(model, inputs, **kw)
-        call = fast.__call__
-        return type("Wrong", (), {"__call__": lambda self, *a: call(*a) + 1.0, "executable": fast.executable,
-                                  "strategy": fast.strategy})()
-    monkeypatch.setattr(vtcsearch, "compile", wrong)
+    (A stand-in for ``vtcsearch.compile`` that returns eager + 1: this tests the comparison, not vtcsearch.)
+    """
+    import types
+
+    import vtcsearch
+
+    def off_by_one(model, inputs, **kw):
+        class Wrong:
+            executable = types.SimpleNamespace(summary=lambda: {"kernels": 1, "fallbacks": []})
+            strategy = types.SimpleNamespace(residuals=[])
+
+            def __call__(self, *args):
+                with torch.no_grad():
+                    return model(*args) + 1.0
+        return Wrong()
+
+    monkeypatch.setattr(vtcsearch, "compile", off_by_one)
     rec = zoo.check_case("tv_shufflenet_v2")
-    assert rec["ok"] is False and rec["error"].startswith("numerics: max abs error")
+    assert rec["ok"] is False and rec["error"].startswith("numerics: max abs error 1 vs eager"), rec
+    monkeypatch.setattr(vtcsearch, "compile", lambda model, inputs, **kw: 1 / 0)
+    rec = zoo.check_case("tv_shufflenet_v2")
+    assert rec["ok"] is False and rec["error"] == "compile: ZeroDivisionError: division by zero", rec
+
+
+def test_check_isolated_survives_a_crash(monkeypatch):
+    """A model whose compile kills the process (issue 14's int64 gather segfault) is a failed row."""
+    monkeypatch.setattr(zoo.sys, "executable", "/bin/false")
+    rec = zoo.check_isolated("tv_shufflenet_v2", timeout_s=30)
+    assert rec["ok"] is False and rec["error"].startswith("crash: process died (exit 1)"), rec
 
 
 def _params(names, fast):
