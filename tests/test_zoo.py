@@ -16,7 +16,7 @@ from experiments.workloads import WORKLOADS, build_workload
 from experiments.workloads import zoo
 
 # tiny models that compile and match eager in a few seconds each on a CPU (the CI subset)
-FAST = ("tv_shufflenet_v2", "timm_deit_tiny", "hf_llama_decode")
+FAST = ("hf_llama_decode", "hf_gemma2_decode", "timm_mixer_b16")
 ALL = os.environ.get("VTCSEARCH_ZOO") == "all"
 GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 
