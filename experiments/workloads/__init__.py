@@ -15,6 +15,7 @@ Registered names and their parameters (all builders also take size / batch / dev
   "shufflenet"    ShuffleNetV2 x1.0.  resolution (224)
   "vision_block"  one block of a vision workload.  block {yolo11n_c3k2, yolo11s_c3k2, shufflenet_s2,
                                   shufflenet_s1, litemla}
+  "zoo"           torchvision / timm / transformers models (zoo.CASES).  model, native_dtype
 
 size="full" uses the official hyper-parameters; size="tiny" a scaled-down copy with the same
 structure that runs on CPU in milliseconds. device="meta" (default) builds without allocating
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from . import efficientvit, gemma2, llama3, shufflenet, vision_block, yolo11
+from . import efficientvit, gemma2, llama3, shufflenet, vision_block, yolo11, zoo
 from ._common import Workload, count_params
 
 WORKLOADS: dict[str, Callable[..., Workload]] = {
@@ -38,6 +39,7 @@ WORKLOADS: dict[str, Callable[..., Workload]] = {
     "yolo11": yolo11.build,
     "shufflenet": shufflenet.build,
     "vision_block": vision_block.build,
+    "zoo": zoo.build,
 }
 
 
