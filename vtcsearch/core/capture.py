@@ -24,7 +24,10 @@ aten = torch.ops.aten
 
 MATMUL = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 CONV = {aten.convolution.default}
-ATTENTION = {getattr(aten, n).default for n in ("_scaled_dot_product_flash_attention",
+# ``scaled_dot_product_attention`` is kept whole (not decomposed into its math), so every SDPA form
+# (masks, GQA through ``enable_gqa``, causal) reaches the attention lowering as one op
+ATTENTION = {getattr(aten, n).default for n in ("scaled_dot_product_attention",
+                                                "_scaled_dot_product_flash_attention",
                                                 "_scaled_dot_product_efficient_attention",
                                                 "_scaled_dot_product_cudnn_attention",
                                                 "_scaled_dot_product_flash_attention_for_cpu")
@@ -62,7 +65,18 @@ def export(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.expor
     for op in movement.REGISTRY.values():
         for t in op.aten:
             table.pop(t, None)
-    return ep.run_decompositions(table)
+    table.pop(aten.scaled_dot_product_attention.default, None)
+    try:
+        return ep.run_decompositions(table)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = ""
+        if ep.constants:
+            hint = (f"; the program lifted {len(ep.constants)} tensor(s) as constants "
+                    f"({', '.join(list(ep.constants)[:3])}): register state the model mutates (a KV cache) "
+                    "as module buffers (vtcsearch.core.capture.static_cache_as_buffers for transformers' StaticCache)")
+        raise CaptureError(f"decomposing {type(model).__name__} to core ATen failed: "
+                           f"{type(e).__name__}: {first}{hint}") from e
 
 
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> TensorGraph:
