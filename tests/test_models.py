@@ -116,3 +116,64 @@ def test_norm_of_a_prenorm_block_is_matched(kind):
     summ = fast.executable.summary()
     assert summ["by_lowering"].get(kind) == 1 and not summ["fallbacks"], summ
     torch.testing.assert_close(fast(x), m(x), rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------
+# call semantics and crashes
+# ---------------------------------------------------------------------------
+
+class PositionEmbedding(nn.Module):
+    """Token ids made by an ATen fallback (cumsum), then an int64 embedding lookup through them."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(600, 16)
+
+    def forward(self, mask):
+        return self.emb(torch.cumsum(mask, -1) * 100 + 7)
+
+
+def test_indices_made_by_a_fallback_are_valid_when_building():
+    torch.manual_seed(0)
+    m = PositionEmbedding()
+    a = torch.ones(2, 5, dtype=torch.int64)
+    fast = compiled(m, (a,))   # crashed (segfault) or read garbage indices before
+    assert fast.executable.summary()["fallbacks"]
+    torch.testing.assert_close(fast(a), m(a))
+    assert fast.executable._scratch((4,), torch.int64).eq(0).all()
+
+
+class AddInPlace(nn.Module):
+    def forward(self, x, y):
+        x.add_(1)
+        return x * y
+
+
+def test_in_place_op_on_an_input_is_applied():
+    torch.manual_seed(0)
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    fast = compiled(AddInPlace(), (x.clone(), y))
+    x_eager, x_fast = x.clone(), x.clone()
+    ref = AddInPlace()(x_eager, y)
+    out = fast(x_fast, y)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(x_fast, x_eager)
+
+
+class Scaled(nn.Module):
+    def forward(self, x, alpha: float):
+        return x * alpha
+
+
+def test_a_python_scalar_argument_is_not_silently_specialised():
+    x = torch.randn(8)
+    fast = compiled(Scaled(), (x, 2.0))
+    torch.testing.assert_close(fast(x, 2.0), x * 2.0)
+    with pytest.raises(ValueError, match="argument 1 was compiled as the constant 2.0, got 3.0"):
+        fast(x, 3.0)
+
+
+def test_zero_size_input_is_refused_in_one_line():
+    with pytest.raises(CaptureError, match="zero size") as e:
+        compiled(nn.Linear(8, 8), (torch.randn(0, 8),))
+    assert "\n" not in str(e.value)

@@ -106,6 +106,9 @@ def _val_info(name: str, val: Any, kind: str) -> TensorInfo:
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"graph value {name!r} is a {type(val).__name__}, expected a tensor")
     shape = tuple(int(s) for s in val.shape)
+    if 0 in shape:
+        raise CaptureError(f"{kind} tensor {name!r} has zero size {shape}: zero-size tensors are not supported "
+                           "(skip the call: there is nothing to compute)")
     try:
         strides = tuple(int(s) for s in val.stride())
     except Exception:
@@ -149,6 +152,7 @@ def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
     placeholder_of_buffer = {v: k for k, v in buffer_of.items()}
 
     value: dict[str, str | list[str]] = {}   # fx node name -> tensor name(s)
+    mutated: list[tuple[str, int]] = []
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
@@ -175,6 +179,18 @@ def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
                 elif spec.kind == OutputKind.USER_OUTPUT:
                     g.tensors[t].is_output = True
                     g.outputs.append(t)
+                elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                    mutated.append((t, g.inputs.index(spec.target)))
+                else:
+                    raise CaptureError(f"unsupported program output {spec.kind.name} ({spec.target}); "
+                                       "return tensors, or mutate module buffers")
+    # an input mutated in place (``x.add_(1)``): its new value is an extra output, after the user's, that
+    # the compiled call copies back into the caller's tensor (``g.input_mutations``: value, input position)
+    g.input_mutations = []
+    for t, k in mutated:
+        g.tensors[t].is_output = True
+        g.outputs.append(t)
+        g.input_mutations.append((t, k))
     g.fuse()
     return g
 
