@@ -177,3 +177,137 @@ def test_zero_size_input_is_refused_in_one_line():
     with pytest.raises(CaptureError, match="zero size") as e:
         compiled(nn.Linear(8, 8), (torch.randn(0, 8),))
     assert "\n" not in str(e.value)
+
+
+# ---------------------------------------------------------------------------
+# attention ops without a pattern, transformers' Llama decoder layer, StaticCache
+# ---------------------------------------------------------------------------
+
+def test_an_attention_kernel_without_a_pattern_falls_back_instead_of_crashing():
+    """On the GPU, export leaves ``_scaled_dot_product_efficient_attention`` ops: kernels of kind attention
+    that no pattern described (KeyError: 'batch' in lower_attention before).  Same kernel on the CPU."""
+    from vtcsearch.codegen.realize import realize
+    from vtcsearch.core.strategy import Strategy
+    from vtcsearch.core.vtog import build_vtog
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 16) for _ in range(3))
+    g = capture(SDPA(), (q, k, v))
+    (gr,) = [gr for gr in g.groups.values() if gr.kind == "attention"]
+    gr.info = {}
+    exe = realize(g, Strategy(build_vtog(g), []), SDPA())
+    assert list(exe.summary()["fallbacks"]) == [gr.name]
+    torch.testing.assert_close(exe(q, k, v)[0], F.scaled_dot_product_attention(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+def _llama_config(hidden: int, inter: int, heads: int, kv_heads: int, max_pos: int):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(hidden_size=hidden, intermediate_size=inter, num_attention_heads=heads,
+                                   num_key_value_heads=kv_heads, num_hidden_layers=1, max_position_embeddings=max_pos)
+    cfg._attn_implementation = "sdpa"
+    return cfg
+
+
+class LlamaDecodeStep(nn.Module):
+    """transformers' ``LlamaDecoderLayer`` in decode: KV cache in module buffers written by ``index_copy_``,
+    SDPA attention with an explicit mask (the issue-14 crash's structure)."""
+
+    def __init__(self, cfg, batch: int, max_len: int):
+        super().__init__()
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+        self.layer, self.rope = LlamaDecoderLayer(cfg, layer_idx=0), LlamaRotaryEmbedding(cfg)
+        hd = cfg.hidden_size // cfg.num_attention_heads
+        self.register_buffer("k_cache", torch.zeros(batch, cfg.num_key_value_heads, max_len, hd))
+        self.register_buffer("v_cache", torch.zeros(batch, cfg.num_key_value_heads, max_len, hd))
+
+    def forward(self, x, pos, mask):
+        step = self
+
+        class Cache:
+            def update(self, k, v, layer_idx, *args, **kwargs):
+                step.k_cache.index_copy_(2, pos, k.to(step.k_cache.dtype))
+                step.v_cache.index_copy_(2, pos, v.to(step.v_cache.dtype))
+                return step.k_cache, step.v_cache
+
+        pe = self.rope(x, pos[None].expand(x.shape[0], -1))
+        out = self.layer(x, attention_mask=mask, position_ids=pos[None], past_key_values=Cache(),
+                         position_embeddings=pe)
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _decode_inputs(cfg, batch: int, max_len: int, at: int, device="cpu", dtype=torch.float32):
+    x = torch.randn(batch, 1, cfg.hidden_size, device=device, dtype=dtype)
+    pos = torch.tensor([at], device=device)
+    mask = torch.full((batch, 1, 1, max_len), float("-inf"), device=device, dtype=dtype)
+    mask[..., :at + 1] = 0
+    return x, pos, mask
+
+
+def _check_decode(m: nn.Module, args, rtol: float, atol: float):
+    fast = compiled(m, args)
+    caches = {n: b.clone() for n, b in m.named_buffers() if "cache" in n}
+    ref = m(*args)
+    ref_caches = {n: b.clone() for n, b in m.named_buffers() if "cache" in n}
+    for n, b in m.named_buffers():
+        if n in caches:
+            b.copy_(caches[n])
+    out = fast(*args)
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    for n, b in m.named_buffers():
+        if n in ref_caches:
+            torch.testing.assert_close(b, ref_caches[n], rtol=rtol, atol=atol)
+    return fast
+
+
+def test_transformers_llama_decoder_layer_decode_tiny():
+    cfg = _llama_config(64, 128, 4, 2, 16)
+    torch.manual_seed(0)
+    m = LlamaDecodeStep(cfg, 1, 16).eval()
+    with torch.no_grad():
+        m.k_cache.normal_(), m.v_cache.normal_()
+    fast = _check_decode(m, _decode_inputs(cfg, 1, 16, 5), 1e-4, 1e-4)
+    assert fast.executable.summary()["by_lowering"].get("rmsnorm") == 2
+
+
+def test_transformers_static_cache_is_a_capture_error_then_works_as_buffers():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    from vtcsearch.core.capture import static_cache_as_buffers
+    cfg = _llama_config(64, 128, 4, 2, 16)
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer, self.rope = LlamaDecoderLayer(cfg, 0), LlamaRotaryEmbedding(cfg)
+            self.cache = transformers.StaticCache(cfg, max_cache_len=16)
+            self.cache.early_initialization(1, 2, 16, torch.float32, torch.device("cpu"))
+
+        def forward(self, x, pos, mask):
+            out = self.layer(x, attention_mask=mask, position_ids=pos[None], past_key_values=self.cache,
+                             position_embeddings=self.rope(x, pos[None]))
+            return out[0] if isinstance(out, tuple) else out
+
+    torch.manual_seed(0)
+    m = Step().eval()
+    x, pos = torch.randn(1, 1, 64), torch.tensor([0])
+    mask = torch.zeros(1, 1, 1, 16, dtype=torch.bool)
+    mask[..., 0] = True
+    with pytest.raises(CaptureError, match="static_cache_as_buffers") as e:
+        compiled(m, (x, pos, mask))
+    assert "\n" not in str(e.value)
+    static_cache_as_buffers(m, m.cache)
+    _check_decode(m, (x, pos, mask), 1e-4, 1e-4)
+    assert m.cache.layers[0].keys.abs().sum() > 0     # eager sees the cache the compiled call wrote
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+def test_transformers_llama_decoder_layer_decode_8b_size():
+    """Llama 3 8B's layer (4096 / 14336, 32 heads, 8 KV heads) in bf16, decode at batch 1 and 16."""
+    cfg = _llama_config(4096, 14336, 32, 8, 2048)
+    for batch in (1, 16):
+        torch.manual_seed(0)
+        m = LlamaDecodeStep(cfg, batch, 2048).to("cuda", torch.bfloat16).eval()
+        with torch.no_grad():
+            m.k_cache.normal_(), m.v_cache.normal_()
+        fast = _check_decode(m, _decode_inputs(cfg, batch, 2048, 1000, "cuda", torch.bfloat16), 2e-2, 2e-2)
+        print(f"batch {batch}:", fast.report())

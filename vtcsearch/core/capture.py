@@ -106,9 +106,6 @@ def _val_info(name: str, val: Any, kind: str) -> TensorInfo:
     if not isinstance(val, torch.Tensor):
         raise CaptureError(f"graph value {name!r} is a {type(val).__name__}, expected a tensor")
     shape = tuple(int(s) for s in val.shape)
-    if 0 in shape:
-        raise CaptureError(f"{kind} tensor {name!r} has zero size {shape}: zero-size tensors are not supported "
-                           "(skip the call: there is nothing to compute)")
     try:
         strides = tuple(int(s) for s in val.stride())
     except Exception:
@@ -159,6 +156,9 @@ def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
             if not isinstance(val, torch.Tensor):
                 continue  # a specialised Python scalar
             t = g.add_tensor(_val_info(node.name, val, kinds.get(node.name, INPUT)))
+            if t.kind == INPUT and 0 in t.shape:
+                raise CaptureError(f"input tensor {t.name!r} has zero size {t.shape}: zero-size inputs are not "
+                                   "supported (skip the call: there is nothing to compute)")
             if t.kind == INPUT:
                 g.inputs.append(t.name)
             value[node.name] = t.name
@@ -262,3 +262,45 @@ def _add_writeback(g: TensorGraph, new_value: str, buffer: str) -> None:
     g.mutations[new_value] = buffer
     g.add_op(OpNode(f"writeback_{buffer}", "writeback", "movement", [new_value], [after.name],
                     category="movement", movement=entry.rule(call), movement_op=entry, call=call))
+
+
+_STATE = ("keys", "values", "cumulative_length")
+
+
+def _buffer_backed(cls: type) -> type:
+    """A subclass of a cache layer class whose state attributes are the holder module's buffers."""
+    def prop(attr: str) -> property:
+        def get(self):
+            return getattr(self._vtc_holder, f"{attr}_{self._vtc_index}")
+
+        def set_(self, v):
+            setattr(self._vtc_holder, f"{attr}_{self._vtc_index}", v)
+        return property(get, set_)
+    return type(f"BufferBacked{cls.__name__}", (cls,), {a: prop(a) for a in _STATE})
+
+
+def static_cache_as_buffers(module: torch.nn.Module, cache: Any, name: str = "vtc_static_cache") -> torch.nn.Module:
+    """Make the tensors of transformers' ``StaticCache`` (keys, values, lengths) buffers of ``module``.
+
+    ``torch.export`` lifts tensors it reaches through a plain Python object as constants, and an
+    in-place cache update of a constant cannot be traced.  Here each cache layer's tensors move
+    into buffers of a submodule ``name`` of ``module`` and the layer reads them back through
+    properties, so export traces them as mutable module state (updated in place, like any KV cache
+    buffer) and eager code sees the same tensors.  The cache must be allocated first
+    (``cache.early_initialization(...)``).  Returns ``module``.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"expected a transformers StaticCache (with .layers), got {type(cache).__name__}")
+    holder = torch.nn.Module()
+    for k, layer in enumerate(layers):
+        if not getattr(layer, "is_initialized", False):
+            raise ValueError(f"cache layer {k} is not allocated yet: call cache.early_initialization(batch_size, "
+                             "num_heads, head_dim, dtype, device) first")
+        state = {a: layer.__dict__.pop(a) for a in _STATE if isinstance(layer.__dict__.get(a), torch.Tensor)}
+        for a, t in state.items():
+            holder.register_buffer(f"{a}_{k}", t)
+        layer._vtc_holder, layer._vtc_index = holder, k
+        layer.__class__ = _buffer_backed(type(layer))
+    module.add_module(name, holder)
+    return module
