@@ -311,3 +311,20 @@ def test_transformers_llama_decoder_layer_decode_8b_size():
             m.k_cache.normal_(), m.v_cache.normal_()
         fast = _check_decode(m, _decode_inputs(cfg, batch, 2048, 1000, "cuda", torch.bfloat16), 2e-2, 2e-2)
         print(f"batch {batch}:", fast.report())
+
+
+def test_greedy_strategy_of_shufflenet_realizes():
+    """Greedy's ShuffleNetV2 strategy has a copy whose piece test mixes a scalar program index with tile
+    indices; Triton's interpreter made that mask int8 (``mask has unsupported dtype``)."""
+    from cost_models import get_oracle
+    from experiments.workloads import build_workload
+    from solvers import get_solver
+    from vtcsearch.codegen.realize import realize
+    from vtcsearch.core.vtog import build_vtog
+    w = build_workload("shufflenet", size="tiny", batch=1, device="cpu")
+    m, args = w.model.eval(), w.example_inputs
+    g = capture(m, args)
+    res = get_solver("greedy")(build_vtog(g), get_oracle("analytical", hardware="H200"), budget=None, seed=0)
+    exe = realize(g, res.strategy, m)
+    with torch.no_grad():
+        torch.testing.assert_close(exe(*args)[0], m(*args), rtol=1e-3, atol=1e-3)
