@@ -9,7 +9,9 @@ It is the torch.compile-style entry point, with the same contract as
 ``torch.compile(model)(x)``: same outputs as eager (up to the rounding of fused
 kernels), and the module's mutable buffers (a KV cache) updated in place as eager
 updates them.  Shapes, dtypes and non-tensor arguments are specialised to
-``example_inputs`` (a call with other shapes is an error, not a recompile).
+``example_inputs`` (a call with other shapes or other non-tensor values is an
+error, not a recompile); an in-place op on an input tensor is applied to the
+caller's tensor, as eager applies it.
 Outputs are fresh tensors (clones of the executable's storages), so results of
 earlier calls stay valid.  On a CPU model the Triton kernels run through Triton's
 interpreter (``TRITON_INTERPRET=1`` is set if no kernel was imported yet): slow, for
