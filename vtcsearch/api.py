@@ -9,7 +9,9 @@ It is the torch.compile-style entry point, with the same contract as
 ``torch.compile(model)(x)``: same outputs as eager (up to the rounding of fused
 kernels), and the module's mutable buffers (a KV cache) updated in place as eager
 updates them.  Shapes, dtypes and non-tensor arguments are specialised to
-``example_inputs`` (a call with other shapes is an error, not a recompile).
+``example_inputs`` (a call with other shapes or other non-tensor values is an
+error, not a recompile); an in-place op on an input tensor is applied to the
+caller's tensor, as eager applies it.
 Outputs are fresh tensors (clones of the executable's storages), so results of
 earlier calls stay valid.  On a CPU model the Triton kernels run through Triton's
 interpreter (``TRITON_INTERPRET=1`` is set if no kernel was imported yet): slow, for
@@ -48,8 +50,11 @@ def _device_of(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.d
 class Compiled:
     """A model compiled by :func:`compile`: call it like the model; inspect what the search chose."""
 
-    def __init__(self, model: torch.nn.Module, graph, vtog, result, oracle, executable, cuda_graph: bool):
+    def __init__(self, model: torch.nn.Module, graph, vtog, result, oracle, executable, cuda_graph: bool,
+                 example_inputs: Sequence[Any] = ()):
         self.model, self.graph, self.vtog, self.result, self.oracle = model, graph, vtog, result, oracle
+        # non-tensor arguments were traced as constants: a call with other values must not reuse this program
+        self._constants = [(k, a) for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)]
         self.strategy = result.strategy
         self.executable = executable
         self._call = executable.cuda_graph() if cuda_graph else executable
@@ -58,6 +63,11 @@ class Compiled:
         self._out_spec = getattr(getattr(ep, "call_spec", None), "out_spec", None)
 
     def _check(self, args: Sequence[Any]) -> None:
+        for k, a in self._constants:
+            got = args[k] if k < len(args) else None
+            if k >= len(args) or isinstance(got, torch.Tensor) or type(got) is not type(a) or got != a:
+                raise ValueError(f"argument {k} was compiled as the constant {a!r}, got {got!r} (non-tensor "
+                                 f"arguments are specialised: compile again, or pass it as a tensor)")
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if len(tensors) != len(self._specs):
             raise TypeError(f"expected {len(self._specs)} tensor argument(s) as at compile time, got {len(tensors)}")
@@ -72,7 +82,13 @@ class Compiled:
     def __call__(self, *args: Any) -> Any:
         self._check(args)
         with torch.no_grad():
-            outs = [o.clone() for o in self._call(*args)]
+            res = self._call(*args)
+            muts = getattr(self.graph, "input_mutations", [])
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            n = len(res) - len(muts)
+            for (_, k), val in zip(muts, res[n:]):   # in-place ops on inputs, applied as eager applies them
+                tensors[k].copy_(val)
+            outs = [o.clone() for o in res[:n]]
         if self._out_spec is not None:
             from torch.utils._pytree import tree_unflatten
             if self._out_spec.num_leaves == len(outs):
@@ -159,4 +175,4 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
         result = search(vtog, oracle, budget=budget, seed=seed)
         result.strategy.validate()
         exe = realize(graph, result.strategy, model)
-    return Compiled(model, graph, vtog, result, oracle, exe, cuda_graph)
+    return Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)

@@ -12,7 +12,8 @@ def ensure_interpreter() -> None:
     """Run Triton kernels through its CPU interpreter; must happen before vtcsearch.codegen.kernels is imported."""
     if os.environ.get("TRITON_INTERPRET") == "1":
         return
-    if "vtcsearch.codegen.kernels" in sys.modules:
-        raise RuntimeError("vtcsearch.codegen.kernels was imported without TRITON_INTERPRET=1: set it in the "
-                           "environment to realize on the CPU")
+    for mod in ("vtcsearch.codegen.kernels", "triton.language"):   # transformers, torchvision import triton early
+        if mod in sys.modules:
+            raise RuntimeError(f"{mod} was imported without TRITON_INTERPRET=1: set it in the environment "
+                               "to realize on the CPU")
     os.environ["TRITON_INTERPRET"] = "1"

@@ -20,10 +20,10 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from .elementwise import Unsupported, compile_region, round_to
-from ..core.fusion import ATTENTION, CONV, ELEMENTWISE, MATMUL, RMSNORM, Group, region_outputs
+from ..core.fusion import ATTENTION, CONV, ELEMENTWISE, LAYERNORM, MATMUL, RMSNORM, Group, region_outputs
 from ..core.graph import kernel_io
 from .kernels import (ConvEpilogue, Epilogue, Operand, attention, avg_pool2d, conv2d, copy, gemm,
-                      global_avg_pool2d, max_pool2d, pointwise, rmsnorm, softmax)
+                      global_avg_pool2d, layernorm, max_pool2d, pointwise, rmsnorm, softmax)
 from .kernels.conv import out_size
 from .kernels.codecache import Plan
 
@@ -180,9 +180,35 @@ def lower_matmul(ctx: Context, group: Group) -> Launch:
 # attention, norms, softmax
 # ---------------------------------------------------------------------------
 
+def _lower_sdpa(ctx: Context, group: Group) -> Launch:
+    """One ``scaled_dot_product_attention`` op: q/k/v [B, H, S, D]; GQA when K/V have fewer heads."""
+    info = group.info
+    if info["mask"] is not None:
+        raise Unsupported("scaled_dot_product_attention with an explicit attn_mask tensor (no mask operand in the "
+                          "attention template)")
+    if info["dropout"]:
+        raise Unsupported("scaled_dot_product_attention with dropout")
+    q, k, v, out = (ctx.operand(info[n]) for n in ("q", "k", "v", "out"))
+    if any(len(o.shape) != 4 for o in (q, k, v, out)):
+        raise Unsupported(f"scaled_dot_product_attention on {len(q.shape)}-d operands (the template is 4-d)")
+    if k.shape[1] != q.shape[1] and not info["enable_gqa"]:
+        raise Unsupported("scaled_dot_product_attention with fewer KV heads and enable_gqa=False")
+    if k.shape[0] != q.shape[0]:
+        raise Unsupported("scaled_dot_product_attention with a broadcast batch")
+    sq, skv = q.shape[2], k.shape[2]
+    if info["causal"] and sq != skv:
+        # SDPA's is_causal is top-left aligned; the template's bottom-right (a KV cache): equal only when square
+        raise Unsupported("scaled_dot_product_attention is_causal with Sq != Skv")
+    return Launch.of(group.name, "attention", attention(q, k, v, out, scale=info["scale"], causal=info["causal"]))
+
+
 @lowering(ATTENTION)
 def lower_attention(ctx: Context, group: Group) -> Launch:
     info = group.info
+    if info.get("sdpa"):
+        return _lower_sdpa(ctx, group)
+    if "batch" not in info:
+        raise Unsupported(f"no attention template for {ctx.graph.ops[group.ops[0]].target_name}")
     B, H = info["batch"], info["heads"]
     q = ctx.operand(info["q"])          # [B*H, Sq, D]
     kt = ctx.operand(info["kt"])        # [B*H, D, Skv]
@@ -202,6 +228,15 @@ def lower_rmsnorm(ctx: Context, group: Group) -> Launch:
     w = ctx.operand(info["weight"]) if info["weight"] is not None else None
     return Launch.of(group.name, "rmsnorm", rmsnorm(ctx.operand(info["x"]), w, ctx.operand(info["out"]),
                                                     eps=info["eps"]))
+
+
+@lowering(LAYERNORM)
+def lower_layernorm(ctx: Context, group: Group) -> Launch:
+    info = group.info
+    w = ctx.operand(info["weight"]) if info["weight"] is not None else None
+    b = ctx.operand(info["bias"]) if info["bias"] is not None else None
+    return Launch.of(group.name, "layernorm", layernorm(ctx.operand(info["x"]), w, b, ctx.operand(info["out"]),
+                                                       eps=info["eps"]))
 
 
 @lowering("reduction")

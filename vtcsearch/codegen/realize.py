@@ -140,8 +140,8 @@ class Executable:
     def _scratch(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         if self.poison and dtype.is_floating_point:
             s = torch.full(tuple(shape), float("nan"), dtype=dtype, device=self.device)
-        else:
-            s = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+        else:   # integers may be read as indices: never uninitialised memory
+            s = torch.zeros(tuple(shape), dtype=dtype, device=self.device)
         self.allocated_bytes += s.numel() * s.element_size()
         return s
 
@@ -169,7 +169,12 @@ class Executable:
         const = constant_tensors(g)
         for name in g.steps:
             if name in g.groups:
-                self.steps.append(Step(name, "kernel", lower(ctx, g.groups[name])))
+                launch = lower(ctx, g.groups[name])
+                if launch.fn is not None:
+                    # templates ran once when lowered; an ATen fallback must too, or a later kernel reads its
+                    # output unwritten (int64 scratch read as gather indices crashes the process)
+                    launch.fn()
+                self.steps.append(Step(name, "kernel", launch))
                 continue
             op = g.ops[name]
             copies = s.residuals_of(name)

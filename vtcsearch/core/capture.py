@@ -25,7 +25,10 @@ aten = torch.ops.aten
 
 MATMUL = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default}
 CONV = {aten.convolution.default}
-ATTENTION = {getattr(aten, n).default for n in ("_scaled_dot_product_flash_attention",
+# ``scaled_dot_product_attention`` is kept whole (not decomposed into its math), so every SDPA form
+# (masks, GQA through ``enable_gqa``, causal) reaches the attention lowering as one op
+ATTENTION = {getattr(aten, n).default for n in ("scaled_dot_product_attention",
+                                                "_scaled_dot_product_flash_attention",
                                                 "_scaled_dot_product_efficient_attention",
                                                 "_scaled_dot_product_cudnn_attention",
                                                 "_scaled_dot_product_flash_attention_for_cpu")
@@ -63,7 +66,18 @@ def export(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.expor
     for op in movement.REGISTRY.values():
         for t in op.aten:
             table.pop(t, None)
-    return ep.run_decompositions(table)
+    table.pop(aten.scaled_dot_product_attention.default, None)
+    try:
+        return ep.run_decompositions(table)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        hint = ""
+        if ep.constants:
+            hint = (f"; the program lifted {len(ep.constants)} tensor(s) as constants "
+                    f"({', '.join(list(ep.constants)[:3])}): register state the model mutates (a KV cache) "
+                    "as module buffers (vtcsearch.core.capture.static_cache_as_buffers for transformers' StaticCache)")
+        raise CaptureError(f"decomposing {type(model).__name__} to core ATen failed: "
+                           f"{type(e).__name__}: {first}{hint}") from e
 
 
 def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> TensorGraph:
@@ -136,12 +150,16 @@ def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
     placeholder_of_buffer = {v: k for k, v in buffer_of.items()}
 
     value: dict[str, str | list[str]] = {}   # fx node name -> tensor name(s)
+    mutated: list[tuple[str, int]] = []
     for node in ep.graph.nodes:
         if node.op == "placeholder":
             val = node.meta.get("val")
             if not isinstance(val, torch.Tensor):
                 continue  # a specialised Python scalar
             t = g.add_tensor(_val_info(node.name, val, kinds.get(node.name, INPUT)))
+            if t.kind == INPUT and 0 in t.shape:
+                raise CaptureError(f"input tensor {t.name!r} has zero size {t.shape}: zero-size inputs are not "
+                                   "supported (skip the call: there is nothing to compute)")
             if t.kind == INPUT:
                 g.inputs.append(t.name)
             value[node.name] = t.name
@@ -162,6 +180,18 @@ def from_exported(ep: torch.export.ExportedProgram) -> TensorGraph:
                 elif spec.kind == OutputKind.USER_OUTPUT:
                     g.tensors[t].is_output = True
                     g.outputs.append(t)
+                elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                    mutated.append((t, g.inputs.index(spec.target)))
+                else:
+                    raise CaptureError(f"unsupported program output {spec.kind.name} ({spec.target}); "
+                                       "return tensors, or mutate module buffers")
+    # an input mutated in place (``x.add_(1)``): its new value is an extra output, after the user's, that
+    # the compiled call copies back into the caller's tensor (``g.input_mutations``: value, input position)
+    g.input_mutations = []
+    for t, k in mutated:
+        g.tensors[t].is_output = True
+        g.outputs.append(t)
+        g.input_mutations.append((t, k))
     fuse_graph(g)
     return g
 
@@ -233,3 +263,45 @@ def _add_writeback(g: TensorGraph, new_value: str, buffer: str) -> None:
     g.mutations[new_value] = buffer
     g.add_op(OpNode(f"writeback_{buffer}", "writeback", "movement", [new_value], [after.name],
                     category="movement", movement=entry.rule(call), movement_op=entry, call=call))
+
+
+_STATE = ("keys", "values", "cumulative_length")
+
+
+def _buffer_backed(cls: type) -> type:
+    """A subclass of a cache layer class whose state attributes are the holder module's buffers."""
+    def prop(attr: str) -> property:
+        def get(self):
+            return getattr(self._vtc_holder, f"{attr}_{self._vtc_index}")
+
+        def set_(self, v):
+            setattr(self._vtc_holder, f"{attr}_{self._vtc_index}", v)
+        return property(get, set_)
+    return type(f"BufferBacked{cls.__name__}", (cls,), {a: prop(a) for a in _STATE})
+
+
+def static_cache_as_buffers(module: torch.nn.Module, cache: Any, name: str = "vtc_static_cache") -> torch.nn.Module:
+    """Make the tensors of transformers' ``StaticCache`` (keys, values, lengths) buffers of ``module``.
+
+    ``torch.export`` lifts tensors it reaches through a plain Python object as constants, and an
+    in-place cache update of a constant cannot be traced.  Here each cache layer's tensors move
+    into buffers of a submodule ``name`` of ``module`` and the layer reads them back through
+    properties, so export traces them as mutable module state (updated in place, like any KV cache
+    buffer) and eager code sees the same tensors.  The cache must be allocated first
+    (``cache.early_initialization(...)``).  Returns ``module``.
+    """
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"expected a transformers StaticCache (with .layers), got {type(cache).__name__}")
+    holder = torch.nn.Module()
+    for k, layer in enumerate(layers):
+        if not getattr(layer, "is_initialized", False):
+            raise ValueError(f"cache layer {k} is not allocated yet: call cache.early_initialization(batch_size, "
+                             "num_heads, head_dim, dtype, device) first")
+        state = {a: layer.__dict__.pop(a) for a in _STATE if isinstance(layer.__dict__.get(a), torch.Tensor)}
+        for a, t in state.items():
+            holder.register_buffer(f"{a}_{k}", t)
+        layer._vtc_holder, layer._vtc_index = holder, k
+        layer.__class__ = _buffer_backed(type(layer))
+    module.add_module(name, holder)
+    return module

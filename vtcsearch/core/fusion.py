@@ -7,8 +7,12 @@ run, found in this order:
 ``attention``
     ``bmm -> (scale, soft-cap, casts) -> softmax -> (casts) -> bmm`` with the
     reshapes and broadcasts between them: one FlashAttention / FlashDecoding kernel.
+    Or one ``scaled_dot_product_attention`` op (kept whole by capture): its
+    mask, causal flag, scale and GQA are read off the call.
 ``rmsnorm``
     ``x * rsqrt(mean(x^2) + eps) * w`` (with its dtype casts): one row kernel.
+``layernorm``
+    ``native_layer_norm`` over the last dim whose statistics nobody reads: one row kernel.
 ``elementwise``
     connected pointwise ops and the pure reshapes, selects, slices and stacks
     *between* them: one fused elementwise kernel (what Inductor does by inlining views).
@@ -40,6 +44,7 @@ from .graph import OpNode, TensorGraph, kernel_io
 aten = torch.ops.aten
 
 ELEMENTWISE, ATTENTION, RMSNORM, MATMUL, CONV = "elementwise", "attention", "rmsnorm", "matmul", "conv"
+LAYERNORM = "layernorm"
 
 
 @dataclass
@@ -185,6 +190,42 @@ def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
     return Group(bmm2.name, ATTENTION, ops, info)
 
 
+def match_sdpa(g: "TensorGraph", op: "OpNode") -> Group | None:
+    """One ``aten.scaled_dot_product_attention`` call: (q, k, v[, mask]) with its scalar arguments."""
+    if op.node is None or op.node.target is not aten.scaled_dot_product_attention.default:
+        return None
+    n = op.node
+    names = ["query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale"]
+    a = {k: (n.args[i] if len(n.args) > i else n.kwargs.get(k)) for i, k in enumerate(names)}
+    tensors = dict(zip(["q", "k", "v"], op.inputs[:3]))
+    mask = op.inputs[3] if isinstance(a["attn_mask"], torch.fx.Node) else None
+    info = {"sdpa": True, **tensors, "out": op.outputs[0], "mask": mask, "dropout": float(a["dropout_p"] or 0.0),
+            "causal": bool(a["is_causal"] or False), "scale": a["scale"],
+            "enable_gqa": bool(n.kwargs.get("enable_gqa", n.args[7] if len(n.args) > 7 else False))}
+    return Group(op.name, ATTENTION, [op.name], info)
+
+
+def match_layernorm(g: "TensorGraph", op: "OpNode") -> Group | None:
+    """``native_layer_norm(x, [C], w, b, eps)`` whose mean and rstd outputs are unused."""
+    if op.node is None or op.node.target is not aten.native_layer_norm.default:
+        return None
+    n = op.node
+    shape = g.tensors[op.inputs[0]].shape
+    if list(n.args[1]) != [shape[-1]] or len(op.outputs) < 1:
+        return None
+    if any(g.tensors[t].consumers or g.tensors[t].is_output for t in op.outputs[1:]):
+        return None
+    w, b = n.args[2] if len(n.args) > 2 else None, n.args[3] if len(n.args) > 3 else None
+    k = 1
+    wt = bt = None
+    if isinstance(w, torch.fx.Node):
+        wt, k = op.inputs[k], k + 1
+    if isinstance(b, torch.fx.Node):
+        bt = op.inputs[k]
+    info = {"x": op.inputs[0], "weight": wt, "bias": bt, "eps": float(n.args[4]), "out": op.outputs[0]}
+    return Group(op.name, LAYERNORM, [op.name], info)
+
+
 def match_rmsnorm(g: "TensorGraph", mean: "OpNode") -> Group | None:
     """``[cast] pow(x, 2) -> mean(-1, keepdim) -> add(eps) -> rsqrt -> mul(x, .) -> [cast] -> mul(., w)``."""
     if mean.node is None or mean.node.target is not aten.mean.dim:
@@ -230,15 +271,14 @@ def match_rmsnorm(g: "TensorGraph", mean: "OpNode") -> Group | None:
             weight = w[0]
             chain.append(wmul)
             t = wmul.outputs[0]
-    # x itself may be a cast of the real input, read by nothing else
+    # x itself may be a cast of the real input, read by nothing else; x may be read by other kernels too
+    # (the residual add of a pre-norm block reads the norm's input)
     src = x
     p = _producer(g, x)
     if p is not None and (_is_cast(p) or _is_identity_move(p)) and \
-            set(g.tensors[x].consumers) == {pw.name, mul.name}:
+            set(g.tensors[x].consumers) == {pw.name, mul.name} and not g.tensors[x].is_output:
         chain.insert(0, p)
         src = p.inputs[0]
-    elif set(g.tensors[x].consumers) != {pw.name, mul.name}:
-        return None
     info = {"x": src, "weight": weight, "eps": float(eps[0]), "out": t}
     return Group(chain[-1].name, RMSNORM, [o.name for o in chain], info)
 
@@ -325,7 +365,7 @@ def fuse(g: "TensorGraph") -> dict[str, Group]:
     for op in list(g.ops.values()):
         if op.name in claimed or op.kind != "compute":
             continue
-        gr = match_attention(g, op) or match_rmsnorm(g, op)
+        gr = match_attention(g, op) or match_rmsnorm(g, op) or match_sdpa(g, op) or match_layernorm(g, op)
         if gr is not None and not (set(gr.ops) & claimed):
             claim(gr)
 

@@ -72,6 +72,12 @@ def const_code(v: float | int, dt: str = "tl.float32") -> str:
     return str(int(v))
 
 
+def _as_mask(m: str) -> str:
+    """A load/store mask as bool: Triton's interpreter (3.9) gives ``scalar_cond & tile_cond`` an int8 value
+    that ``tl.load`` rejects (``mask has unsupported dtype``); compiled Triton needs nothing."""
+    return f"(({m}) != 0)" if interpreting() and "&" in m else m
+
+
 def _and(*terms: str | None) -> str | None:
     ts = [t for t in terms if t]
     if not ts:
@@ -229,7 +235,7 @@ class IO:
             if p.target is None:
                 return f"tl.full({shape}, {const_code(p.fill, dt)}, {dt})"
             off = self._offset_code(n, p, idx, m)
-            mk = f", mask={m}, other={oth}" if m else ""
+            mk = f", mask={_as_mask(m)}, other={oth}" if m else ""
             cast = "" if self.dtypes[p.target] == dt else f".to({dt})"
             return f"tl.load({self.ptr[p.target]} + {off}{mk}){cast}"
 
@@ -284,7 +290,7 @@ class IO:
 
         def put(n: int, p: Piece, m: str | None) -> str:
             off = self._offset_code(n, p, idx, m)
-            mk = f", mask={m}" if m else ""
+            mk = f", mask={_as_mask(m)}" if m else ""
             return f"tl.store({self.ptr[p.target]} + {off}, {downcast(value, self.dtypes[p.target])}{mk})"
 
         if not pieces:
