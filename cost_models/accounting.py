@@ -126,8 +126,9 @@ class LocalStrategy(Strategy):
       evaluates reshape maps numerically: np.unique over up to 2^20 elements).
     """
 
-    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None):
-        super().__init__(vtog, edges)
+    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None,
+                 impl: Mapping[str, str] | None = None):
+        super().__init__(vtog, edges, impl)
         self._acc = acc
         self._shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
         self._tree_ids: dict[str, int] | None = None

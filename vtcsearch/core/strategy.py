@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import networkx as nx
 
@@ -61,9 +61,11 @@ class ResidualCopy:
 class Strategy:
     """A set of chosen VTOG edges (a points-to graph when valid)."""
 
-    def __init__(self, vtog: VTOG, edges: Iterable[int] = ()):
+    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), impl: Mapping[str, str] | None = None):
         self.vtog = vtog
         self.edges = frozenset(int(e) for e in edges)
+        self.impl: dict[str, str] = {}   # kernel group -> implementation, when not the default
+        self.set_implementations(impl or {})
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
@@ -96,16 +98,39 @@ class Strategy:
         return t in self.chosen
 
     def with_edges(self, add: Iterable[int] = (), remove: Iterable[int] = ()) -> "Strategy":
-        return Strategy(self.vtog, (self.edges | set(add)) - set(remove))
+        return Strategy(self.vtog, (self.edges | set(add)) - set(remove), self.impl)
+
+    # -- implementations (vtcsearch.core.implementation) ----------------------
+    def set_implementations(self, impl: Mapping[str, str]) -> "Strategy":
+        """Choose how kernel groups run (group -> implementation); the default entries are dropped."""
+        from . import implementation as im
+        for g, i in im.parse(impl).items():
+            grp = self.graph.groups.get(g)
+            if grp is None:
+                raise StrategyError("unknown-group", g, "the graph has no kernel group of this name")
+            if i not in im.choices(self.graph, grp):
+                raise StrategyError("implementation", g, f"a {grp.kind} group has no {i} implementation")
+            if i == im.DEFAULT:
+                self.impl.pop(g, None)
+            else:
+                self.impl[g] = i
+        return self
+
+    def implementation(self, group: str) -> str:
+        """How kernel group ``group`` runs (``triton`` unless the strategy chose otherwise)."""
+        from .implementation import DEFAULT
+        return self.impl.get(group, DEFAULT)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Strategy) and other.edges == self.edges and other.vtog is self.vtog
+        return isinstance(other, Strategy) and other.edges == self.edges and other.vtog is self.vtog \
+            and other.impl == self.impl
 
     def __hash__(self) -> int:
         return hash(self.edges)
 
     def __repr__(self) -> str:
-        return f"Strategy({len(self.virtual)} virtual tensors, edges={sorted(self.edges)})"
+        extra = f", impl={dict(sorted(self.impl.items()))}" if self.impl else ""
+        return f"Strategy({len(self.virtual)} virtual tensors, edges={sorted(self.edges)}{extra})"
 
     # -- structure ----------------------------------------------------------
     def _check_structure(self) -> None:
@@ -313,7 +338,8 @@ class Strategy:
                                 for e in es] for u, es in self.chosen.items()},
                 "eliminated_ops": self.eliminated_ops(),
                 "residual_copies": [{"op": r.op, "dst": r.dst_tensor, "src": r.src_tensor,
-                                     "elements": r.elements} for r in self.residuals]}
+                                     "elements": r.elements} for r in self.residuals],
+                **({"implementations": dict(sorted(self.impl.items()))} if self.impl else {})}
 
     def write_json(self, path: str, run: dict[str, Any] | None = None) -> None:
         """``run``: the command, machine and date of the run that wrote it, stored beside the data."""
@@ -325,7 +351,7 @@ class Strategy:
         if isinstance(data, str):
             with open(data) as f:
                 data = json.load(f)
-        return cls(vtog, data["edges"])
+        return cls(vtog, data["edges"], data.get("implementations"))
 
 
 def _image_boxes(m: IndexMap) -> list[tuple[tuple[int, int], ...]] | None:
