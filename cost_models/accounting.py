@@ -507,6 +507,7 @@ class UnitSpec:
     launch: dict[str, Any] = field(default_factory=dict)
     elements: int = 0                       # copy units: elements copied
     graph: Any = field(default=None, repr=False, compare=False)   # the TensorGraph (for timers that lower)
+    impl: str = "triton"                    # kernel units: the implementation (vtcsearch.core.implementation)
     _key: str | None = None
 
     @property
@@ -573,6 +574,8 @@ def _canonical_key(spec: UnitSpec) -> str:
         parts.append(f"{op.target_name}({ins})->{outs}{args}")
     if spec.launch:
         parts.append("launch=" + ",".join(f"{k}={spec.launch[k]}" for k in sorted(spec.launch)))
+    if spec.impl != "triton":   # the default's keys stay as they were (recorded measurements still match)
+        parts.append(f"impl={spec.impl}")
     return " | ".join(parts)
 
 
@@ -917,8 +920,9 @@ class Accounting:
         return {t for o in self.graph.compute_ops() for t in o.outputs}
 
     # -- specs -------------------------------------------------------------
-    def spec(self, u: Unit, keys: tuple[str, ...]) -> UnitSpec:
-        """The description of unit ``u`` when its tensors have the maps named by ``keys``."""
+    def spec(self, u: Unit, keys: tuple[str, ...], impl: str = "triton") -> UnitSpec:
+        """The description of unit ``u`` when its tensors have the maps named by ``keys`` (a kernel unit
+        run by implementation ``impl``)."""
         g = self.graph
         maps = [self.map_by_key(t, k) for t, k in zip(u.tensors, keys)]
         if u.kind == "kernel":
@@ -948,6 +952,10 @@ class Accounting:
             spec = UnitSpec(u, keys, operands,
                             elements=sum(region_size(p.region) for _, c in copies for p, _ in c))
         spec.graph = g
+        if impl != "triton":
+            if u.kind != "kernel":
+                raise ValueError(f"{u.name}: only kernel units have implementations")
+            spec.impl = impl
         for o in spec.operands:
             for p in o.map.pieces:
                 if p.target is not None and p.target not in spec.storages:

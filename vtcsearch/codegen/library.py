@@ -101,16 +101,21 @@ def lower_library(ctx: Context, group: Group) -> Launch:
         if gather is not None:
             pre.append(gather)
     (t_out,) = outs
-    out, scatter = _dense_output(ctx, t_out, group.kind)
-    if scatter is not None:
-        post.append(scatter)
+    has_epilogue = group.kind != ATTENTION and len(group.ops) > 1
+    ep_ctx = ctx
+    if has_epilogue:   # the product lives only between the call and the epilogue: a dense buffer of its own
+        out = ctx.scratch(g.tensors[t_out].shape, g.tensors[t_out].dtype)
+        prod = Operand.dense(out, t_out)
+        ep_ctx = Context(g, lambda t: prod if t == t_out else ctx.operand(t), ctx.scratch, ctx.device)
+    else:
+        out, scatter = _dense_output(ctx, t_out, group.kind)
+        if scatter is not None:
+            post.append(scatter)
     call = _product(ctx, group, env, out)
     call()
     for s in post:
         s()
-    epilogue = None
-    if group.kind != ATTENTION and len(group.ops) > 1:
-        epilogue = lower(ctx, Group(group.name, ELEMENTWISE, group.ops[1:]))
+    epilogue = lower(ep_ctx, Group(group.name, ELEMENTWISE, group.ops[1:])) if has_epilogue else None
 
     def run() -> None:
         for p in pre:
