@@ -8,6 +8,7 @@ large copy and a large bf16 GEMM on the current device to produce them.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -66,6 +67,10 @@ class Hardware:
         if key not in PRESETS:
             raise ValueError(f"unknown hardware preset {name!r}; choices: {', '.join(PRESETS)}")
         hw = PRESETS[key]
+        cal = os.path.join(os.path.dirname(__file__), "calibration", f"{key}.json")
+        if measured and os.path.exists(cal):   # efficiencies measured by python -m cost_models.calibrate
+            with open(cal) as f:
+                hw = replace(hw, efficiency={**json.load(f).get("efficiency", {}), **hw.efficiency})
         if measured and hw.measured:
             m = dict(hw.measured)
             hw = hw.with_(bandwidth=m.get("bandwidth", hw.bandwidth),

@@ -211,3 +211,19 @@ def test_realize_solver_strategy_with_library(case):
     _, out = _run(case, res.strategy)
     for r, a in zip(ref, out):
         torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_calibration_times_every_implementation(case):
+    """The calibration script's timing and table on the CPU (the lead runs it on the H200)."""
+    from cost_models.calibrate import efficiencies, time_groups
+    from cost_models.profiling import KernelTimer
+    _, _, g, v = case
+    hw = Hardware.preset("CPU")
+    rows = time_groups(g, v, KernelTimer("cpu", repeats=1, warmup=0), hw, "block")
+    assert {r["group"] for r in rows} == set(library_groups(g))
+    assert all(r["triton_dense"] and r["library"] for r in rows)
+    assert any(r["triton_maps"] for r in rows)
+    big = [dict(r, flops=1e15) for r in rows]     # compute-bound by construction
+    eff = efficiencies(big, hw)
+    assert {"triton/matmul", "library/matmul", "library/conv", "triton/maps"} <= set(eff)
+    assert all(0 < x <= 1 for x in eff.values())
