@@ -108,7 +108,7 @@ class SearchState:
 
     def _cost(self, u, keys: tuple[str, ...]) -> tuple[float, str]:
         """(seconds, implementation) of unit ``u`` in configuration ``keys``."""
-        if u.kind != "kernel":
+        if u.kind != "kernel" or (self.fixed_impl is None and len(self.oracle.implementations) == 1):
             return self.oracle.unit_cost(self.acc, u, keys).seconds, "triton"
         if self.fixed_impl is not None:
             im = self.fixed_impl.get(u.kernel, "triton")

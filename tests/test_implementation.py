@@ -227,3 +227,37 @@ def test_calibration_times_every_implementation(case):
     eff = efficiencies(big, hw)
     assert {"triton/matmul", "library/matmul", "library/conv", "triton/maps"} <= set(eff)
     assert all(0 < x <= 1 for x in eff.values())
+
+
+class Small(nn.Module):
+    """Few candidates (exhaustive search is possible): a matmul over a reshaped permute, a conv over a concat."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(32, 16)
+        self.conv = nn.Conv2d(4, 4, 1)
+
+    def forward(self, x, a, b):
+        y = torch.relu(self.l(x.permute(0, 2, 1).reshape(4, 32)))
+        return y, self.conv(torch.cat([a, b], 1))
+
+
+@pytest.mark.parametrize("regime", ["slow-triton", "slow-copies", "default"])
+def test_ilp_equals_exhaustive_with_implementations(regime):
+    torch.manual_seed(0)
+    m = Small().eval()
+    g = capture(m, (torch.randn(4, 8, 4), torch.randn(1, 2, 4, 4), torch.randn(1, 2, 4, 4)))
+    v = build_vtog(g)
+    eff = {"slow-triton": {"triton/matmul": 1e-7, "triton/conv": 1e-7},
+           "slow-copies": {"triton/matmul": 0.3, "triton/conv": 0.3},
+           "default": {}}[regime]
+    hw = Hardware.preset("H200").with_(efficiency=eff)
+    if regime == "slow-copies":
+        hw = hw.with_(launch_s=1e-5)
+    o = AnalyticalOracle(hw, implementations=("triton", "library"))
+    ex = get_solver("exhaustive")(v, o)
+    ilp = get_solver("ilp")(v, o)
+    assert ilp.objective == pytest.approx(ex.objective, rel=1e-6)
+    assert ilp.objective == pytest.approx(o.evaluate(ilp.strategy, rows=False).objective)
+    if regime == "slow-triton":
+        assert set(ilp.strategy.impl.values()) == {"library"} and len(ilp.strategy.impl) == 2

@@ -253,7 +253,8 @@ class Executable:
         """Kernels per call by kind, fallbacks, folded ops, bytes this executable allocated."""
         kinds: dict[str, int] = {}
         for st in self.steps:
-            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering == "aten" else 0)
+            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering in ("aten", "library")
+                                                                 else 0)
         return {"steps": len(self.steps), "kernels": sum(st.kernels for st in self.steps),
                 "copy_kernels": sum(st.kernels for st in self.steps if st.kind == "copy"),
                 "by_lowering": kinds,

@@ -65,7 +65,8 @@ class Strategy:
         self.vtog = vtog
         self.edges = frozenset(int(e) for e in edges)
         self.impl: dict[str, str] = {}   # kernel group -> implementation, when not the default
-        self.set_implementations(impl or {})
+        if impl:
+            self.set_implementations(impl)
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
