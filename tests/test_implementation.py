@@ -299,3 +299,9 @@ def test_gpu_library_strategies_equal_eager_and_profile(workload, params):
     assert rel < 1e-2, rel
     call = exe.cuda_graph()
     torch.testing.assert_close(call(*w.example_inputs)[0], out, rtol=0, atol=0)
+
+
+def test_runner_rejects_unknown_implementation(capsys):
+    from vtcsearch.run import main
+    assert main(["configs/tiny.yaml", "--implementations", "triton,cublas"]) == 2
+    assert "--implementations: unknown implementation 'cublas'" in capsys.readouterr().err
