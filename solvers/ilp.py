@@ -195,7 +195,7 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         ks = [maps_of(t) for t in u.tensors]
         ks = _cap_configs(u, ks, max_configs, wvar, m, info, protected)
         if len(oracle.unit_implementations(acc, u)) > 1:
-            n_configs += _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj)
+            n_configs += _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj, info)
             continue
         varying = [i for i, k in enumerate(ks) if len(k) > 1]
         combos = list(itertools.product(*ks))
@@ -299,10 +299,16 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
                       impl={k: i for k, i in impl.items() if i != "triton"})
 
 
-def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj) -> int:
+def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj, info) -> int:
     """Variables of a kernel with several implementations: ``p[g, i]`` (exactly one) and one ``z`` per
     (configuration, implementation) linked to the maps' ``w`` and to ``p``; returns the ``z`` count."""
     impls = oracle.unit_implementations(acc, u)
+    combos = [tuple(c) for c in itertools.product(*ks)]
+    costs = {(keys, im): oracle.unit_cost(acc, u, keys, im) if obj.needs_latency else None
+             for keys in combos for im in impls}
+    if all(c is not None and not math.isfinite(c.seconds) for c in costs.values()):
+        info.setdefault("infeasible_units", []).append(u.name)   # as before: reported, left unconstrained
+        return 0
     p = {i: m.new_bool_var(f"p_{u.kernel}_{i}") for i in impls}
     m.add_exactly_one(list(p.values()))
     impl_vars[u.kernel] = p
@@ -310,10 +316,9 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
     zs = []
     marg: dict[tuple[int, str], list] = defaultdict(list)
     by_impl: dict[str, list] = defaultdict(list)
-    for combo in itertools.product(*ks):
-        keys = tuple(combo)
+    for keys in combos:
         for im in impls:
-            c = oracle.unit_cost(acc, u, keys, im) if obj.needs_latency else None
+            c = costs[keys, im]
             ok = c is None or math.isfinite(c.seconds)
             z = m.new_bool_var("")
             zs.append(z)
