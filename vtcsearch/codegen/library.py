@@ -68,9 +68,10 @@ def _product(ctx: Context, group: Group, env: dict[str, torch.Tensor], out: torc
         q, kt, v = env[i["q"]], env[i["kt"]], env[i["v"]]
         BH, SQ, D = q.shape
         SKV, DV = v.shape[1], v.shape[2]
-        q4 = q.reshape(B, H, SQ, D)
-        k4 = kt.transpose(1, 2).reshape(B, H, SKV, D)
-        v4 = v.reshape(B, H, SKV, DV)
+        # views (splitting the batch dim), never reshapes: a copy made here would be stale at the next call
+        q4 = q.view(B, H, SQ, D)
+        k4 = kt.transpose(1, 2).view(B, H, SKV, D)
+        v4 = v.view(B, H, SKV, DV)
         o3 = out
 
         def run_attention() -> None:
