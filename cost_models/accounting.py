@@ -173,14 +173,15 @@ class AccountingResolver(Resolver):
         self._shared.write_ok.add(key)
 
 
-def LocalStrategy(vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None) -> Strategy:
+def LocalStrategy(vtog: VTOG, edges: Iterable[int] = (), acc: "Accounting | None" = None,
+                  impl: Mapping[str, str] | None = None) -> Strategy:
     """A core :class:`Strategy` answering from ``acc``'s memos (see :class:`AccountingResolver`).
 
     Kept under its old name for callers; prefer :meth:`Accounting.strategy`.
     Hand ``strategy.detached()`` to realization.
     """
     shared = acc.shared if acc is not None else SharedMemo(vtog.graph)
-    return Strategy(vtog, edges, resolver=AccountingResolver(acc, shared))
+    return Strategy(vtog, edges, impl, resolver=AccountingResolver(acc, shared))
 
 
 # ---------------------------------------------------------------------------
@@ -586,6 +587,7 @@ class UnitSpec:
     launch: dict[str, Any] = field(default_factory=dict)
     elements: int = 0                       # copy units: elements copied
     graph: Any = field(default=None, repr=False, compare=False)   # the TensorGraph (for timers that lower)
+    impl: str = "triton"                    # kernel units: the implementation (vtcsearch.core.implementation)
     _key: str | None = None
 
     @property
@@ -652,6 +654,8 @@ def _canonical_key(spec: UnitSpec) -> str:
         parts.append(f"{op.target_name}({ins})->{outs}{args}")
     if spec.launch:
         parts.append("launch=" + ",".join(f"{k}={spec.launch[k]}" for k in sorted(spec.launch)))
+    if spec.impl != "triton":   # the default's keys stay as they were (recorded measurements still match)
+        parts.append(f"impl={spec.impl}")
     return " | ".join(parts)
 
 
@@ -719,9 +723,10 @@ class Accounting:
         self.const_bytes = sum(i.nbytes for t, i in g.tensors.items() if i.is_graph_input and i.storage_name == t)
         self.intermediate = {t for t, i in g.tensors.items() if not i.is_graph_input and i.storage_name == t}
 
-    def strategy(self, edges: Iterable[int] = ()) -> Strategy:
-        """A core strategy over this VTOG that answers from this accounting's memos."""
-        return Strategy(self.vtog, edges, resolver=AccountingResolver(self, self.shared))
+    def strategy(self, edges: Iterable[int] = (), impl: Mapping[str, str] | None = None) -> Strategy:
+        """A core strategy over this VTOG (``impl``: its implementation choices) answering from this
+        accounting's memos."""
+        return Strategy(self.vtog, edges, impl, resolver=AccountingResolver(self, self.shared))
 
     # -- units ----------------------------------------------------------------
     def _build_units(self) -> None:
@@ -1017,8 +1022,9 @@ class Accounting:
         return {t for o in self.graph.compute_ops() for t in o.outputs}
 
     # -- specs -------------------------------------------------------------
-    def spec(self, u: Unit, keys: tuple[str, ...]) -> UnitSpec:
-        """The description of unit ``u`` when its tensors have the maps named by ``keys``."""
+    def spec(self, u: Unit, keys: tuple[str, ...], impl: str = "triton") -> UnitSpec:
+        """The description of unit ``u`` when its tensors have the maps named by ``keys`` (a kernel unit
+        run by implementation ``impl``)."""
         g = self.graph
         maps = [self.map_by_key(t, k) for t, k in zip(u.tensors, keys)]
         if u.kind == "kernel":
@@ -1048,6 +1054,10 @@ class Accounting:
             spec = UnitSpec(u, keys, operands,
                             elements=sum(region_size(p.region) for _, c in copies for p, _ in c))
         spec.graph = g
+        if impl != "triton":
+            if u.kind != "kernel":
+                raise ValueError(f"{u.name}: only kernel units have implementations")
+            spec.impl = impl
         for o in spec.operands:
             for p in o.map.pieces:
                 if p.target is not None and p.target not in spec.storages:

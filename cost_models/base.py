@@ -12,7 +12,7 @@ import math
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from vtcsearch.core.strategy import Strategy
 from vtcsearch.core.vtog import VTOG
@@ -135,8 +135,11 @@ class CostOracle:
 
     name = "base"
 
-    def __init__(self, objective: Objective | None = None):
+    def __init__(self, objective: Objective | None = None, implementations: Sequence[str] | None = None):
+        """``implementations``: what solvers may choose per kernel group (default ``triton`` only)."""
+        from vtcsearch.core.implementation import DEFAULT, check_name
         self.objective = objective or Objective.latency()
+        self.implementations: tuple[str, ...] = tuple(check_name(i) for i in (implementations or (DEFAULT,)))
         self.stats = OracleStats()
         self.error_log: list[str] = []   # the first messages of the exceptions counted in stats.errors
         self._acc: dict[int, tuple[weakref.ref, Accounting]] = {}   # VTOGs are unhashable dataclasses
@@ -157,17 +160,18 @@ class CostOracle:
         self._acc[id(vtog)] = (weakref.ref(vtog), acc)
         return acc
 
-    def unit_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...]) -> UnitCost:
-        """Cost of unit ``u`` when its tensors have the maps named by ``keys`` (memoized)."""
+    def unit_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...], impl: str = "triton") -> UnitCost:
+        """Cost of unit ``u`` when its tensors have the maps named by ``keys`` (memoized); a kernel unit
+        run by implementation ``impl``."""
         memo = self._costs.get(acc)
         if memo is None:
             memo = self._costs[acc] = {}
-        ck = (u.id, keys)
+        ck = (u.id, keys) if impl == "triton" else (u.id, keys, impl)
         c = memo.get(ck)
         if c is None:
             self.stats.unit_queries += 1
             try:
-                spec = acc.spec(u, keys)
+                spec = acc.spec(u, keys, impl)
             except ImpossibleConfig as e:  # no strategy has these maps together: never chosen
                 spec, c = None, UnitCost(math.inf, feasible=False, detail={"error": str(e)})
             if spec is None:
@@ -212,41 +216,68 @@ class CostOracle:
                          f"transient, not cached); those configurations were treated as infeasible. First: "
                          f"{self.error_log[0] if self.error_log else '?'}")
 
+    def unit_implementations(self, acc: Accounting, u: Unit) -> tuple[str, ...]:
+        """The implementations a solver may give kernel unit ``u`` (``("triton",)`` for copy units)."""
+        if u.kind != "kernel" or len(self.implementations) == 1:
+            return ("triton",)
+        from vtcsearch.core.implementation import choices
+        return choices(acc.graph, acc.graph.groups[u.kernel], self.implementations) \
+            if u.kernel in acc.graph.groups else ("triton",)
+
+    def best_implementation(self, acc: Accounting, u: Unit, keys: tuple[str, ...]) -> tuple[str, UnitCost]:
+        """The cheapest of :meth:`unit_implementations` for ``u`` in configuration ``keys`` (ties: the first)."""
+        best: tuple[str, UnitCost] | None = None
+        for impl in self.unit_implementations(acc, u):
+            c = self.unit_cost(acc, u, keys, impl)
+            if best is None or c.seconds < best[1].seconds:
+                best = (impl, c)
+        assert best is not None
+        return best
+
     def unit_keys(self, acc: Accounting, u: Unit, trees: Mapping[str, int]) -> tuple[str, ...]:
         return tuple(acc.key_of(t, trees.get(t, PHYS)) for t in u.tensors)
 
     def evaluate(self, strategy: Strategy | None = None, *, vtog: VTOG | None = None,
-                 choice: Mapping[str, int] | None = None, rows: bool = True, peak: bool = True) -> Evaluation:
-        """Objective of a strategy (or of ``choice``: tensor -> option id) with a per-unit breakdown."""
+                 choice: Mapping[str, int] | None = None, rows: bool = True, peak: bool = True,
+                 impl: Mapping[str, str] | None = None) -> Evaluation:
+        """Objective of a strategy (or of ``choice``: tensor -> option id, and ``impl``: kernel group ->
+        implementation) with a per-unit breakdown."""
         if strategy is not None:
             vtog = strategy.vtog
             choice = choice_of(strategy)
+            impl = strategy.impl
         assert vtog is not None and choice is not None
         self.stats.calls += 1
         acc = self.accounting(vtog)
         trees = acc.trees_of_choice(choice)
-        return self._evaluate_trees(acc, trees, rows, peak)
+        return self._evaluate_trees(acc, trees, rows, peak, impl)
 
     def _evaluate_trees(self, acc: Accounting, trees: Mapping[str, int], rows: bool = True,
-                        want_peak: bool = True) -> Evaluation:
+                        want_peak: bool = True, impl: Mapping[str, str] | None = None) -> Evaluation:
         total = 0.0
+        impl = impl or {}
         out_rows: list[dict[str, Any]] = []
         if self.objective.needs_latency or rows:
             for u in acc.units:
                 keys = self.unit_keys(acc, u, trees)
-                c = self.unit_cost(acc, u, keys)
+                c = self.unit_cost(acc, u, keys, impl.get(u.kernel, "triton") if u.kind == "kernel" else "triton")
                 total += c.seconds
                 if rows and (u.kind == "kernel" or c.seconds > 0):
                     out_rows.append({"unit": u.name, "kind": u.kind, "seconds": c.seconds, "bytes": c.bytes,
                                      "flops": c.flops, **{k: v for k, v in c.detail.items()
                                                           if isinstance(v, (int, float, str))}})
+                    if u.kind == "kernel" and impl.get(u.kernel, "triton") != "triton":
+                        out_rows[-1]["impl"] = impl[u.kernel]
         peak = None
         if self.objective.needs_memory or rows or want_peak:
             peak = acc.peak_bytes({t: acc.map_of(t, trees.get(t, PHYS)).targets() for t in acc.graph.tensors})
         return Evaluation(self.objective.value(total, peak), total, peak, out_rows)
 
     def describe(self) -> dict[str, Any]:
-        return {"oracle": self.name, "objective": self.objective.name}
+        out = {"oracle": self.name, "objective": self.objective.name}
+        if self.implementations != ("triton",):
+            out["implementations"] = list(self.implementations)
+        return out
 
 
 def choice_of(strategy: Strategy) -> dict[str, int]:

@@ -8,6 +8,7 @@ large copy and a large bf16 GEMM on the current device to produce them.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -28,12 +29,19 @@ class Hardware:
     short_run_penalty: float = 0.25   # extra cost of runs shorter than coalesce_bytes (at zero length)
     source: str = "datasheet"
     measured: dict[str, Any] = field(default_factory=dict)
+    efficiency: dict[str, float] = field(default_factory=dict)   # overrides of EFFICIENCY (calibrated)
 
     def peak(self, dtype: torch.dtype | None, tensor_core: bool) -> float:
         if not tensor_core:
             return self.simt_flops
         key = str(dtype).replace("torch.", "") if dtype is not None else "float32"
         return self.flops.get(key, self.flops.get("float32", self.simt_flops))
+
+    def eff(self, impl: str, kind: str) -> float:
+        """Fraction of :meth:`peak` that ``impl`` reaches on a ``kind`` kernel (``triton/maps``: the extra
+        factor of a Triton tensor-core kernel reading an operand through a non-identity map)."""
+        key = f"{impl}/{kind}"
+        return self.efficiency.get(key, EFFICIENCY.get(key, 1.0))
 
     def with_(self, **kw: Any) -> "Hardware":
         """A copy with some numbers overridden (e.g. measured bandwidth)."""
@@ -59,12 +67,28 @@ class Hardware:
         if key not in PRESETS:
             raise ValueError(f"unknown hardware preset {name!r}; choices: {', '.join(PRESETS)}")
         hw = PRESETS[key]
+        cal = os.path.join(os.path.dirname(__file__), "calibration", f"{key}.json")
+        if measured and os.path.exists(cal):   # efficiencies measured by python -m cost_models.calibrate
+            with open(cal) as f:
+                hw = replace(hw, efficiency={**json.load(f).get("efficiency", {}), **hw.efficiency})
         if measured and hw.measured:
             m = dict(hw.measured)
             hw = hw.with_(bandwidth=m.get("bandwidth", hw.bandwidth),
                           flops={k[len("flops_"):]: v for k, v in m.items() if k.startswith("flops_")},
                           source="datasheet+measured")
         return hw
+
+
+# Compute efficiency per implementation and kernel kind, as a fraction of the (measured) tensor-core peak,
+# which is itself cuBLAS's large GEMM.  One table for every preset; ``Hardware.efficiency`` overrides it
+# with calibrated numbers (``python -m cost_models.calibrate`` times each group as triton-dense,
+# triton-through-maps and library on the GPU and writes them).  Until calibrated: rough H100/H200 values
+# (Triton GEMMs ~85% of cuBLAS, Triton convs ~half of cuDNN and half again through maps, issue 12).
+EFFICIENCY: dict[str, float] = {
+    "library/matmul": 1.0, "library/conv": 0.9, "library/attention": 0.9,
+    "triton/matmul": 0.85, "triton/conv": 0.5, "triton/attention": 0.8,
+    "triton/maps": 0.5,
+}
 
 
 # Datasheet numbers (dense).  TF32 is not PyTorch's default for fp32 matmuls, so float32 uses the SIMT peak.

@@ -316,7 +316,8 @@ class KernelTimer:
     def prepare(self, spec: UnitSpec) -> Callable[[], Any]:
         """Storages with random data, the unit lowered onto them (compiled and autotuned): its launch."""
         from vtcsearch.codegen.kernels import Operand, copy_pieces
-        from vtcsearch.codegen.lowering import Context, lower
+        from vtcsearch.codegen.library import lower_as
+        from vtcsearch.codegen.lowering import Context
 
         if spec.graph is None:
             raise ValueError("the kernel timer needs UnitSpec.graph (specs come from Accounting.spec)")
@@ -348,7 +349,7 @@ class KernelTimer:
 
         ctx = Context(g, lambda t: by_tensor[t], scratch, dev)
         with torch.no_grad():
-            return lower(ctx, g.groups[spec.unit.kernel])
+            return lower_as(ctx, g.groups[spec.unit.kernel], spec.impl)   # as realize runs it
 
     def __call__(self, spec: UnitSpec) -> float:
         fn = self.prepare(spec)
@@ -461,9 +462,10 @@ class ProfilingOracle(CostOracle):
 
     def __init__(self, db: str | os.PathLike = ":memory:", timer: Timer | str | None = None,
                  device: str | torch.device | None = None, objective: Objective | None = None,
-                 repeats: int = 10, warmup: int = 2, keep_specs: bool = False):
+                 repeats: int = 10, warmup: int = 2, keep_specs: bool = False,
+                 implementations: Sequence[str] | None = None):
         """``timer``: a :class:`Timer`, or ``"kernels"`` / ``"reference"``; default: kernels on a GPU."""
-        super().__init__(objective)
+        super().__init__(objective, implementations)
         if timer is None:
             cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
             timer = "kernels" if cuda else "reference"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import sqlite3
-from typing import Any
+from typing import Any, Sequence
 
 from .accounting import UnitSpec
 from .analytical import AnalyticalOracle
@@ -27,8 +27,9 @@ class RecordedOracle(CostOracle):
     name = "recorded"
 
     def __init__(self, path: str | os.PathLike, device: str | None = None, timer: str | None = None,
-                 on_missing: str = "error", objective: Objective | None = None, hardware: str = "H200"):
-        super().__init__(objective)
+                 on_missing: str = "error", objective: Objective | None = None, hardware: str = "H200",
+                 implementations: Sequence[str] | None = None):
+        super().__init__(objective, implementations)
         if on_missing not in ("error", "analytical", "inf"):
             raise ValueError("on_missing must be 'error', 'analytical' or 'inf'")
         if not os.path.exists(path):

@@ -39,6 +39,7 @@ class Move:
     trees: dict[str, int] = field(default_factory=dict)                   # affected tensor -> new tree
     units: dict[int, tuple[tuple[str, ...], float]] = field(default_factory=dict)  # unit -> (keys, seconds)
     latency: float = 0.0
+    impls: dict[int, str] = field(default_factory=dict)                   # kernel unit -> implementation
     cycle: bool = False
     _objective: float | None = None
     _peak: int | None = None
@@ -47,8 +48,13 @@ class Move:
 class SearchState:
     """Current choice (tensor -> option), trees, unit configurations and costs."""
 
-    def __init__(self, oracle: CostOracle, vtog: VTOG, choice: Mapping[str, int] | None = None):
+    def __init__(self, oracle: CostOracle, vtog: VTOG, choice: Mapping[str, int] | None = None,
+                 impl: Mapping[str, str] | None = None):
+        """``impl``: kernel group -> implementation, fixed; None: every kernel unit takes its cheapest of
+        the oracle's implementations for its current maps (with ``triton`` only: today's costs)."""
         self.oracle, self.vtog = oracle, vtog
+        self.fixed_impl = dict(impl) if impl is not None else None
+        self.impl_of: dict[int, str] = {}
         self.acc: Accounting = oracle.accounting(vtog)
         acc = self.acc
         self.choice: dict[str, int] = {}
@@ -59,7 +65,9 @@ class SearchState:
         for u in acc.units:
             keys = oracle.unit_keys(acc, u, {})
             self.keys.append(keys)
-            self.seconds.append(oracle.unit_cost(acc, u, keys).seconds if oracle.objective.needs_latency else 0.0)
+            sec, im = self._cost(u, keys) if oracle.objective.needs_latency else (0.0, "triton")
+            self.seconds.append(sec)
+            self.impl_of[u.id] = im
         self.latency = math.fsum(self.seconds)
         self._peak: int | None = None
         self._written = acc.compute_written()
@@ -86,11 +94,27 @@ class SearchState:
     def options(self) -> list[int]:
         return sorted(self.choice.values())
 
+    def implementations(self) -> dict[str, str]:
+        """Kernel group -> implementation where it is not the default (what the strategy stores)."""
+        acc = self.acc
+        return {acc.units[uid].kernel: im for uid, im in self.impl_of.items() if im != "triton"}
+
     def strategy(self) -> Strategy:
-        return self.acc.strategy([e.id for o in self.choice.values() for e in self.acc.option_edges[o]])
+        return self.acc.strategy([e.id for o in self.choice.values() for e in self.acc.option_edges[o]],
+                                 self.implementations())
 
     def evaluation(self) -> Evaluation:
-        return self.oracle._evaluate_trees(self.acc, self.trees, rows=True)
+        return self.oracle._evaluate_trees(self.acc, self.trees, rows=True, impl=self.implementations())
+
+    def _cost(self, u, keys: tuple[str, ...]) -> tuple[float, str]:
+        """(seconds, implementation) of unit ``u`` in configuration ``keys``."""
+        if u.kind != "kernel" or (self.fixed_impl is None and len(self.oracle.implementations) == 1):
+            return self.oracle.unit_cost(self.acc, u, keys).seconds, "triton"
+        if self.fixed_impl is not None:
+            im = self.fixed_impl.get(u.kernel, "triton")
+            return self.oracle.unit_cost(self.acc, u, keys, im).seconds, im
+        im, c = self.oracle.best_implementation(self.acc, u, keys)
+        return c.seconds, im
 
     # -- moves ---------------------------------------------------------------------
     def ancestors(self, t: str) -> set[str]:
@@ -140,8 +164,9 @@ class SearchState:
             keys = tuple(acc.key_of(x, new[x] if x in new else self.tree(x)) for x in u.tensors)
             if keys == self.keys[uid]:
                 continue
-            sec = self.oracle.unit_cost(acc, u, keys).seconds if need_lat else 0.0
+            sec, im = self._cost(u, keys) if need_lat else (0.0, "triton")
             mv.units[uid] = (keys, sec)
+            mv.impls[uid] = im
             delta += sec - self.seconds[uid]
         mv.latency = self.latency + delta
         return mv
@@ -186,6 +211,7 @@ class SearchState:
         for uid, (keys, sec) in mv.units.items():
             self.keys[uid] = keys
             self.seconds[uid] = sec
+        self.impl_of.update(mv.impls)
         self.latency = math.fsum(self.seconds)
         self._peak = mv._peak
 

@@ -90,8 +90,9 @@ class Run:
                            "objective": objective, "best": self.best, **extra})
 
     def finish(self, options: Iterable[int], status: SolverStatus, info: Mapping[str, Any] | None = None,
-               validated: Strategy | None = None) -> SolveResult:
-        """Validate with the core (dropping the latest options until valid) and evaluate the result."""
+               validated: Strategy | None = None, impl: Mapping[str, str] | None = None) -> SolveResult:
+        """Validate with the core (dropping the latest options until valid) and evaluate the result;
+        ``impl``: kernel group -> implementation (default: each group's cheapest for the final maps)."""
         opts = list(options)
         dropped = 0
         strategy = validated
@@ -107,12 +108,32 @@ class Run:
                 info = {**(info or {}), "last_rejection": str(e)}
                 opts.pop()
                 dropped += 1
+        if impl is None or dropped:   # the implementations that suit the final maps
+            impl = best_implementations(self.oracle, strategy)
+        strategy.set_implementations(impl)
         ev = self.oracle.evaluate(strategy, rows=False)
         info = {**(info or {}), "dropped_by_final_validation": dropped} if dropped else dict(info or {})
         return SolveResult(self.name, strategy.detached(), sorted(opts), ev.objective, ev.latency_s, ev.peak_bytes,
                            self.delta("calls"), self.delta("unit_queries"), self.delta("measurements"),
                            self.delta("cache_hits"), self.elapsed(), SolverStatus(status), self.trace, info,
                            oracle_errors=self.delta("errors"))
+
+
+def best_implementations(oracle: CostOracle, strategy: Strategy) -> dict[str, str]:
+    """Kernel group -> its cheapest implementation (of the oracle's) under ``strategy``'s maps; only
+    non-default entries.  Implementations are independent given the maps, so this is optimal for them."""
+    if len(oracle.implementations) == 1:
+        return {}
+    from cost_models.base import choice_of
+    acc = oracle.accounting(strategy.vtog)
+    trees = acc.trees_of_choice(choice_of(strategy))
+    out = {}
+    for u in acc.units:
+        if u.kind == "kernel":
+            im, _ = oracle.best_implementation(acc, u, oracle.unit_keys(acc, u, trees))
+            if im != "triton":
+                out[u.kernel] = im
+    return out
 
 
 def usable_options(state: SearchState) -> dict[str, list[int]]:

@@ -29,6 +29,13 @@ Mapping onto this VTOG:
   mutated buffers) need the core's whole-strategy check, so such moves are
   checked ``batch`` at a time and a failing batch is bisected to find the bad moves.
 
+* **Implementations.**  The search state gives every kernel its cheapest
+  implementation (``oracle.implementations``) for its current maps, so a move
+  that makes a library kernel's operand virtual is costed with the kernel's
+  best response (keep the library and pay the gather, or switch to Triton).
+  Given the maps, implementations are independent per kernel, so no separate
+  implementation move can improve on it.
+
 ``budget``: maximum number of rounds.  Cost: O(options) evaluations up front,
 then O(in-degree) per round; each evaluation is incremental (only the units the
 option touches are re-costed), so the whole search is O(|V|·d) oracle queries.
@@ -168,5 +175,5 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
     settle()
     return run.finish(list(state.choice.values()), SolverStatus.HEURISTIC,
                       {"rounds": rnd, "rejected": rejected, "refresh": refresh,
-                       "core_validations": state.core_validations})
+                       "core_validations": state.core_validations}, impl=state.implementations())
 

@@ -26,6 +26,13 @@ storages).  The model:
   resolving into it, with the capacity as a variable), a weighted mix, or
   latency under a memory cap.
 
+* ``p[g, i]``: kernel group ``g`` runs implementation ``i`` (``oracle.implementations``
+  that can run it: :mod:`vtcsearch.core.implementation`), exactly one per group.
+  A kernel with several implementations has one ``z`` per (configuration,
+  implementation), whose marginals equal both its tensors' ``w`` and its ``p``:
+  a library kernel whose operand is virtual pays that configuration's cost,
+  the gather included (:func:`_implementation_terms`).
+
 So the optimum equals the exhaustive one for the oracle.  Rules the model does
 not state (aliasing hazards, which depend on value classes) are enforced
 lazily: the solution is validated by the core, and an invalid one is cut off
@@ -188,9 +195,13 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     lat_terms: list[tuple[int, Any]] = []
     const_ps = 0
     n_configs = 0
+    impl_vars: dict[str, dict[str, Any]] = {}
     for u in acc.units:
         ks = [maps_of(t) for t in u.tensors]
         ks = _cap_configs(u, ks, max_configs, wvar, m, info, protected)
+        if len(oracle.unit_implementations(acc, u)) > 1:
+            n_configs += _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj, info)
+            continue
         varying = [i for i, k in enumerate(ks) if len(k) > 1]
         combos = list(itertools.product(*ks))
         n_configs += len(combos)
@@ -264,7 +275,9 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         chosen = [o for o, lit in x.items() if solver.boolean_value(lit)]
-        s = LocalStrategy(vtog, [e for o in chosen for e in vtog.options[o].edges], acc)
+        impl = {k: i for k, p in impl_vars.items() for i, lit in p.items()
+                if solver.boolean_value(lit) and i != "triton"}
+        s = LocalStrategy(vtog, [e for o in chosen for e in vtog.options[o].edges], acc, impl)
         run.record(_model_objective(solver, obj, lat_expr, cap_var, acc), cut=cuts, status=status_name)
         try:
             s.validate()
@@ -296,7 +309,8 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         # no valid solution within the limits and no greedy run: all physical (always valid)
         info["fallback"] = "none"
         return run.finish([], SolverStatus.FEASIBLE, info)
-    return run.finish(chosen, SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE, info, validated=strategy)
+    return run.finish(chosen, SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE, info, validated=strategy,
+                      impl=impl)
 
 
 def _bound_and_gap(solver, obj, acc) -> dict[str, float]:
@@ -308,6 +322,44 @@ def _bound_and_gap(solver, obj, acc) -> dict[str, float]:
     if scale is not None:
         out["bound"] = bound * scale + (acc.const_bytes if not obj.latency_weight else 0.0)
     return out
+
+
+def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj, info) -> int:
+    """Variables of a kernel with several implementations: ``p[g, i]`` (exactly one) and one ``z`` per
+    (configuration, implementation) linked to the maps' ``w`` and to ``p``; returns the ``z`` count."""
+    impls = oracle.unit_implementations(acc, u)
+    combos = [tuple(c) for c in itertools.product(*ks)]
+    costs = {(keys, im): oracle.unit_cost(acc, u, keys, im) if obj.needs_latency else None
+             for keys in combos for im in impls}
+    if all(c is not None and not math.isfinite(c.seconds) for c in costs.values()):
+        info.setdefault("infeasible_units", []).append(u.name)   # as before: reported, left unconstrained
+        return 0
+    p = {i: m.new_bool_var(f"p_{u.kernel}_{i}") for i in impls}
+    m.add_exactly_one(list(p.values()))
+    impl_vars[u.kernel] = p
+    varying = [i for i, k in enumerate(ks) if len(k) > 1]
+    zs = []
+    marg: dict[tuple[int, str], list] = defaultdict(list)
+    by_impl: dict[str, list] = defaultdict(list)
+    for keys in combos:
+        for im in impls:
+            c = costs[keys, im]
+            ok = c is None or math.isfinite(c.seconds)
+            z = m.new_bool_var("")
+            zs.append(z)
+            by_impl[im].append(z)
+            for i in varying:
+                marg[i, keys[i]].append(z)
+            if not ok:
+                m.add(z == 0)
+            elif c is not None and c.seconds:
+                lat_terms.append((int(round(c.seconds * PS)), z))
+    m.add_exactly_one(zs)
+    for (i, k), group in marg.items():
+        m.add(sum(group) == wvar[u.tensors[i], k])
+    for im, group in by_impl.items():
+        m.add(sum(group) == p[im])
+    return len(zs)
 
 
 def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:

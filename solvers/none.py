@@ -1,4 +1,6 @@
-"""Reference: every tensor physical (what a compiler without virtual tensors runs)."""
+"""Reference: every tensor physical (what a compiler without virtual tensors runs), each kernel group in
+its cheapest implementation by the oracle (``vtc_none``: no virtual tensors, best implementations; with an
+oracle of ``triton`` only, today's all-Triton reference)."""
 from __future__ import annotations
 
 from cost_models import CostOracle

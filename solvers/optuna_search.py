@@ -1,4 +1,5 @@
-"""Black-box search with Optuna: one categorical parameter per candidate tensor (physical or an option).
+"""Black-box search with Optuna: one categorical parameter per candidate tensor (physical or an option),
+and one per kernel group with several implementations (``impl:<group>``, from ``oracle.implementations``).
 
 A sampled point may be invalid (a cycle, a write through an Expand map, a
 hazard).  ``infeasible="repair"`` (default) maps it to the nearest valid
@@ -46,7 +47,8 @@ def make_sampler(name: str, seed: int) -> optuna.samplers.BaseSampler:
 def default_study_name(vtog: VTOG, oracle: CostOracle, sampler: str, seed: int) -> str:
     sig = "|".join(f"{o.tensor}:{o.edges}" for o in vtog.options)
     h = hashlib.sha1(sig.encode()).hexdigest()[:10]
-    return f"vtc-{h}-{oracle.name}-{oracle.objective.name}-{sampler}-s{seed}"
+    impls = "-" + "+".join(oracle.implementations) if len(oracle.implementations) > 1 else ""
+    return f"vtc-{h}-{oracle.name}-{oracle.objective.name}{impls}-{sampler}-s{seed}"
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int = 0, sampler: str = "tpe",
@@ -62,6 +64,9 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
     order = {t: k for k, t in enumerate(vtog.graph.tensors)}
     cands = sorted(opts, key=order.__getitem__)
     choices = {t: [PHYSICAL] + [str(o) for o in opts[t]] for t in cands}
+    acc = base.acc
+    impl_choices = {u.kernel: list(oracle.unit_implementations(acc, u)) for u in acc.units if u.kind == "kernel"}
+    impl_choices = {k: v for k, v in impl_choices.items() if len(v) > 1}
     name = study_name or default_study_name(vtog, oracle, sampler, seed)
     study = optuna.create_study(direction="minimize", sampler=make_sampler(sampler, seed), storage=storage,
                                 study_name=name, load_if_exists=storage is not None)
@@ -70,7 +75,8 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
 
     def objective(trial: optuna.Trial) -> float:
         picks = [int(v) for t in cands if (v := trial.suggest_categorical(t, choices[t])) != PHYSICAL]
-        state = SearchState(oracle, vtog)
+        impl = {k: trial.suggest_categorical(f"impl:{k}", v) for k, v in impl_choices.items()}
+        state = SearchState(oracle, vtog, impl=impl)
         kept = greedy_repair(state, picks)
         if len(kept) < len(picks):
             repaired[0] += 1
@@ -78,11 +84,12 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
                 raise optuna.TrialPruned()
         val = state.objective()
         trial.set_user_attr("options", kept)
+        trial.set_user_attr("impl", state.implementations())
         trial.set_user_attr("dropped", len(picks) - len(kept))
         run.record(val, trial=trial.number, dropped=len(picks) - len(kept))
         return val if math.isfinite(val) else 1e9
 
-    if not cands:
+    if not cands and not impl_choices:
         return run.finish([], SolverStatus.HEURISTIC, {"trials": 0})
     remaining = max(0, n_trials - done)
     if remaining:
@@ -96,4 +103,5 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int =
     if not finished:
         return run.finish([], SolverStatus.HEURISTIC, info)
     best = min(finished, key=lambda t: (t.value, t.number))
-    return run.finish(list(best.user_attrs.get("options", [])), SolverStatus.HEURISTIC, info)
+    return run.finish(list(best.user_attrs.get("options", [])), SolverStatus.HEURISTIC, info,
+                      impl=best.user_attrs.get("impl"))

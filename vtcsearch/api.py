@@ -124,13 +124,16 @@ class Compiled:
 
 def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: str = "ilp",
             oracle: Any = "analytical", hardware: str = "H200", objective: Any = "latency",
-            cuda_graph: bool = False, budget: float | None = None, seed: int = 0) -> Compiled:
+            cuda_graph: bool = False, budget: float | None = None, seed: int = 0,
+            implementations: Sequence[str] | None = None) -> Compiled:
     """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
 
     ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
     ``"latency" | "memory" | "mix"`` or a ``cost_models.Objective``; ``cuda_graph``: replay
     the whole step list as one CUDA graph (GPU only); ``budget``: the solver's budget
-    (its own unit).  Returns a :class:`Compiled` callable.
+    (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
+    ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper).
+    Returns a :class:`Compiled` callable.
     """
     import warnings
 
@@ -153,7 +156,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
             raise ValueError(f"unknown objective {objective!r}; choices: {', '.join(objectives)}")
         objective = objectives[objective]()
     if isinstance(oracle, str):
-        kw: dict[str, Any] = {"objective": objective}
+        kw: dict[str, Any] = {"objective": objective, "implementations": implementations}
         if oracle in ("analytical", "recorded"):
             kw["hardware"] = hardware
         oracle = get_oracle(oracle, **kw)

@@ -771,6 +771,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--oracle", default=None, help="cost oracle (auto, analytical, profiling, recorded), "
                                                      "replacing the config's")
     ap.add_argument("--baselines", default=None, help="comma-separated baselines, replacing the config's")
+    ap.add_argument("--implementations", default=None,
+                    help="comma-separated kernel implementations the search may choose (triton,library); "
+                         "sets oracle_options.implementations")
     ap.add_argument("--quick", action="store_true",
                     help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "
                          f"skip {', '.join(QUICK_SKIPS)}")
@@ -796,6 +799,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.oracle != "auto" and args.oracle not in ORACLES:
                 raise ConfigError(f"--oracle: unknown oracle {args.oracle!r}; choices: auto, {', '.join(ORACLES)}")
             cfg.oracle = args.oracle
+        if args.implementations is not None:
+            from vtcsearch.core.implementation import check_name
+            try:
+                impls = [check_name(i.strip()) for i in args.implementations.split(",") if i.strip()]
+            except ValueError as e:
+                raise ConfigError(f"--implementations: {e}") from None
+            cfg.oracle_options = {**cfg.oracle_options, "implementations": impls}
         if args.baselines is not None:
             from experiments.baselines import BASELINES
             cfg.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]

@@ -9,7 +9,8 @@ graph's steps (:mod:`vtcsearch.core.fusion`) become launches:
 
 * a kernel group -> its lowering (:mod:`vtcsearch.codegen.lowering`): Triton templates
   whose loads and stores go through the operands' maps, or its ATen ops when no
-  template fits;
+  template fits; or, where the strategy chose the ``library`` implementation,
+  a vendor kernel on dense operands (:mod:`vtcsearch.codegen.library`);
 * a movement op -> the copy kernels of its residual copies (none when the
   strategy eliminated it).  A movement op of constants only (a weight's
   transpose) is folded: copied once here, as a compiler folds constants.
@@ -32,7 +33,8 @@ import torch
 from ..core.graph import TensorGraph
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
-from .lowering import Context, Launch, lower
+from .library import lower_as
+from .lowering import Context, Launch
 from ..core.strategy import Strategy
 
 __all__ = ["Executable", "Step", "realize", "state_from_module"]
@@ -168,8 +170,8 @@ class Executable:
         ctx = Context(g, self.operand, self._scratch, self.device)
         const = constant_tensors(g)
         for name in g.steps:
-            if name in g.groups:
-                launch = lower(ctx, g.groups[name])
+            if name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
+                launch = lower_as(ctx, g.groups[name], s.implementation(name))
                 if launch.fn is not None:
                     # templates ran once when lowered; an ATen fallback must too, or a later kernel reads its
                     # output unwritten (int64 scratch read as gather indices crashes the process)
@@ -256,7 +258,8 @@ class Executable:
         """Kernels per call by kind, fallbacks, folded ops, bytes this executable allocated."""
         kinds: dict[str, int] = {}
         for st in self.steps:
-            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering == "aten" else 0)
+            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering in ("aten", "library")
+                                                                 else 0)
         return {"steps": len(self.steps), "kernels": sum(st.kernels for st in self.steps),
                 "copy_kernels": sum(st.kernels for st in self.steps if st.kind == "copy"),
                 "by_lowering": kinds,

@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import networkx as nx
 
@@ -98,10 +98,14 @@ class Strategy:
     strategies (``with_edges``) do not inherit it.
     """
 
-    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), resolver: Resolver | None = None):
+    def __init__(self, vtog: VTOG, edges: Iterable[int] = (), impl: Mapping[str, str] | None = None,
+                 resolver: Resolver | None = None):
         self.vtog = vtog
         self.edges = frozenset(int(e) for e in edges)
         self.resolver = resolver
+        self.impl: dict[str, str] = {}   # kernel group -> implementation, when not the default
+        if impl:
+            self.set_implementations(impl)
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
@@ -134,16 +138,39 @@ class Strategy:
         return t in self.chosen
 
     def with_edges(self, add: Iterable[int] = (), remove: Iterable[int] = ()) -> "Strategy":
-        return Strategy(self.vtog, (self.edges | set(add)) - set(remove))
+        return Strategy(self.vtog, (self.edges | set(add)) - set(remove), self.impl)
+
+    # -- implementations (vtcsearch.core.implementation) ----------------------
+    def set_implementations(self, impl: Mapping[str, str]) -> "Strategy":
+        """Choose how kernel groups run (group -> implementation); the default entries are dropped."""
+        from . import implementation as im
+        for g, i in im.parse(impl).items():
+            grp = self.graph.groups.get(g)
+            if grp is None:
+                raise StrategyError("unknown-group", g, "the graph has no kernel group of this name")
+            if i not in im.choices(self.graph, grp):
+                raise StrategyError("implementation", g, f"a {grp.kind} group has no {i} implementation")
+            if i == im.DEFAULT:
+                self.impl.pop(g, None)
+            else:
+                self.impl[g] = i
+        return self
+
+    def implementation(self, group: str) -> str:
+        """How kernel group ``group`` runs (``triton`` unless the strategy chose otherwise)."""
+        from .implementation import DEFAULT
+        return self.impl.get(group, DEFAULT)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Strategy) and other.edges == self.edges and other.vtog is self.vtog
+        return isinstance(other, Strategy) and other.edges == self.edges and other.vtog is self.vtog \
+            and other.impl == self.impl
 
     def __hash__(self) -> int:
         return hash(self.edges)
 
     def __repr__(self) -> str:
-        return f"Strategy({len(self.virtual)} virtual tensors, edges={sorted(self.edges)})"
+        extra = f", impl={dict(sorted(self.impl.items()))}" if self.impl else ""
+        return f"Strategy({len(self.virtual)} virtual tensors, edges={sorted(self.edges)}{extra})"
 
     # -- structure ----------------------------------------------------------
     def _check_structure(self) -> None:
@@ -192,7 +219,7 @@ class Strategy:
 
     def detached(self) -> "Strategy":
         """The same edges with no resolver (what realization and persistence should hold)."""
-        return Strategy(self.vtog, self.edges)
+        return Strategy(self.vtog, self.edges, self.impl)
 
     def storages(self) -> set[str]:
         return {self.graph.tensors[t].storage_name for t in self.graph.tensors if not self.is_virtual(t)}
@@ -383,7 +410,8 @@ class Strategy:
                                 for e in es] for u, es in self.chosen.items()},
                 "eliminated_ops": self.eliminated_ops(),
                 "residual_copies": [{"op": r.op, "dst": r.dst_tensor, "src": r.src_tensor,
-                                     "elements": r.elements} for r in self.residuals]}
+                                     "elements": r.elements} for r in self.residuals],
+                **({"implementations": dict(sorted(self.impl.items()))} if self.impl else {})}
 
     def write_json(self, path: str, run: dict[str, Any] | None = None) -> None:
         """``run``: the command, machine and date of the run that wrote it, stored beside the data."""
@@ -395,7 +423,7 @@ class Strategy:
         if isinstance(data, str):
             with open(data) as f:
                 data = json.load(f)
-        return cls(vtog, data["edges"])
+        return cls(vtog, data["edges"], data.get("implementations"))
 
 
 def _acyclic(succ: dict[str, set[str]]) -> bool:

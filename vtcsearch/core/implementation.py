@@ -1,0 +1,162 @@
+"""Implementation choice: how each compute group runs, and which of its operands must then be dense.
+
+A strategy decides two things: which tensors are virtual (its VTOG edges) and,
+per kernel group of :mod:`vtcsearch.core.fusion`, which *implementation* runs it:
+
+``triton``
+    vtcsearch's own template, reading and writing every operand through its
+    resolved map (the default; what every group ran before implementations
+    existed).
+``library``
+    a vendor kernel on plain strided operands: ``mm`` / ``addmm`` / ``bmm``
+    (cuBLAS) for a matmul group, ``aten.convolution`` (cuDNN) for a conv group,
+    ``scaled_dot_product_attention`` for an attention group; a fused epilogue
+    then runs as one elementwise kernel on the product.
+
+A library kernel cannot read through an arbitrary map.  It reads an operand in
+place only when the operand's resolved map is a plain strided view of one
+storage (:func:`strided_view_strides`) of a layout the kernel accepts
+(:func:`reads_in_place`); otherwise it pays a *residual copy*: a gather into a
+dense buffer before the call (inputs), or a scatter after it (outputs).  The
+copy is priced by the oracles and done by realization with the same rule, so
+a virtual operand is allowed but never free.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import torch
+
+from .fusion import ATTENTION, CONV, MATMUL, Group
+
+if TYPE_CHECKING:
+    from .graph import TensorGraph
+    from .mapping import IndexMap
+
+aten = torch.ops.aten
+
+TRITON, LIBRARY = "triton", "library"
+IMPLEMENTATIONS: tuple[str, ...] = (TRITON, LIBRARY)
+DEFAULT = TRITON
+
+_LIBRARY_MATMULS = {aten.mm.default, aten.bmm.default, aten.addmm.default}
+
+
+def check_name(impl: str) -> str:
+    """``impl`` if it names an implementation (clear error otherwise)."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"unknown implementation {impl!r}; choices: {', '.join(IMPLEMENTATIONS)}")
+    return impl
+
+
+def library_op(graph: "TensorGraph", group: Group):
+    """The group's product op that a library kernel replaces (None: no library kernel for this group)."""
+    if group.kind == ATTENTION:
+        if group.info.get("softcap") is not None:
+            return None          # SDPA has no soft-capping
+        return graph.ops[group.ops[0]]
+    if group.kind not in (MATMUL, CONV):
+        return None
+    op = graph.ops[group.ops[0]]
+    node = op.node
+    if node is None:
+        return None
+    if group.kind == MATMUL:
+        if node.target not in _LIBRARY_MATMULS:
+            return None
+        if node.target is aten.addmm.default and (node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1
+                                                  or len(node.args) > 3):
+            return None
+        return op
+    return op if node.target is aten.convolution.default else None
+
+
+def choices(graph: "TensorGraph", group: Group, allowed: Sequence[str] = IMPLEMENTATIONS) -> tuple[str, ...]:
+    """Implementations that can run ``group`` (``triton`` always), in ``allowed`` order."""
+    out = []
+    for impl in allowed:
+        check_name(impl)
+        if impl == TRITON or (impl == LIBRARY and library_op(graph, group) is not None):
+            out.append(impl)
+    if TRITON not in out:
+        out.insert(0, TRITON)
+    return tuple(out)
+
+
+def library_operands(graph: "TensorGraph", group: Group) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) the library kernel reads and writes: the product's operands, which must be dense.
+
+    The epilogue (the rest of the group) runs after it as an elementwise kernel
+    through the maps, so its own operands need nothing.
+    """
+    if group.kind == ATTENTION:
+        i = group.info
+        return [i["q"], i["kt"], i["v"]], [i["out"]]
+    op = library_op(graph, group)
+    if op is None:
+        raise ValueError(f"group {group.name} ({group.kind}) has no library implementation")
+    return list(op.inputs), list(op.outputs)
+
+
+def strided_view_strides(m: "IndexMap", storage_strides: Mapping[str, Sequence[int]]) -> tuple[int, ...] | None:
+    """Element strides of ``m`` as a plain strided view of one storage (None: not a view, must be copied)."""
+    if len(m.pieces) != 1 or m.syms() or m.tables():
+        return None
+    p = m.pieces[0]
+    if p.target is None or p.conds or any((lo, hi) != (0, s) for (lo, hi), s in zip(p.region, m.shape)):
+        return None
+    off = p.offset(storage_strides[p.target])
+    if not off.is_affine() or off.syms() or off.const < 0:
+        return None
+    strides = []
+    for k in range(m.ndim):
+        terms = [(a, c) for a, c in off.terms if getattr(a, "name", None) == f"i{k}"]
+        c = sum(cf for _, cf in terms)
+        if c < 0:
+            return None
+        strides.append(c)
+    if len(off.terms) != sum(1 for a, _ in off.terms if getattr(a, "name", "").startswith("i")):
+        return None
+    return tuple(strides)
+
+
+def _contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    expect = 1
+    for s, st in zip(reversed(shape), reversed(strides)):
+        if s != 1 and st != expect:
+            return False
+        expect *= s
+    return True
+
+
+def reads_in_place(kind: str, shape: Sequence[int], strides: Sequence[int] | None) -> bool:
+    """Whether a library kernel of group ``kind`` uses an operand with these strides without a copy.
+
+    Matmuls (cuBLAS) take any batch strides and either of the last two dims
+    contiguous (a transposed operand is free); convolutions and attention take
+    dense operands (attention: a unit stride on the last dim).
+    """
+    if strides is None:
+        return False
+    if math.prod(shape) <= 1:
+        return True
+    if kind == MATMUL:
+        if len(shape) < 2:
+            return _contiguous(shape, strides)
+        r, c = shape[-2], shape[-1]
+        sr, sc = strides[-2], strides[-1]
+        return (sc == 1 or c == 1) and sr >= c or (sr == 1 or r == 1) and sc >= r
+    if kind == ATTENTION:
+        return shape[-1] == 1 or strides[-1] == 1
+    return _contiguous(shape, strides)
+
+
+def needs_copy(kind: str, m: "IndexMap", storage_strides: Mapping[str, Sequence[int]]) -> bool:
+    """A library operand with map ``m`` must be gathered (input) or scattered (output) through a dense buffer."""
+    return not reads_in_place(kind, m.shape, strided_view_strides(m, storage_strides))
+
+
+def parse(spec: "str | Mapping[str, str] | None") -> dict[str, str]:
+    """A JSON implementation map, checked (group -> implementation)."""
+    return {str(g): check_name(i) for g, i in (spec or {}).items()}
