@@ -68,7 +68,7 @@ class Hardware:
             raise ValueError(f"unknown hardware preset {name!r}; choices: {', '.join(PRESETS)}")
         hw = PRESETS[key]
         cal = os.path.join(os.path.dirname(__file__), "calibration", f"{key}.json")
-        if measured and os.path.exists(cal):   # efficiencies measured by python -m cost_models.calibrate
+        if measured and os.path.exists(cal):   # efficiencies measured by python -m experiments.calibrate
             with open(cal) as f:
                 hw = replace(hw, efficiency={**json.load(f).get("efficiency", {}), **hw.efficiency})
         if measured and hw.measured:
@@ -81,7 +81,7 @@ class Hardware:
 
 # Compute efficiency per implementation and kernel kind, as a fraction of the (measured) tensor-core peak,
 # which is itself cuBLAS's large GEMM.  One table for every preset; ``Hardware.efficiency`` overrides it
-# with calibrated numbers (``python -m cost_models.calibrate`` times each group as triton-dense,
+# with calibrated numbers (``python -m experiments.calibrate`` times each group as triton-dense,
 # triton-through-maps and library on the GPU and writes them).  Until calibrated: rough H100/H200 values
 # (Triton GEMMs ~85% of cuBLAS, Triton convs ~half of cuDNN and half again through maps, issue 12).
 EFFICIENCY: dict[str, float] = {

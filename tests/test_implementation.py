@@ -215,7 +215,7 @@ def test_realize_solver_strategy_with_library(case):
 
 def test_calibration_times_every_implementation(case):
     """The calibration script's timing and table on the CPU (the lead runs it on the H200)."""
-    from cost_models.calibrate import efficiencies, time_groups
+    from experiments.calibrate import efficiencies, time_groups
     from cost_models.profiling import KernelTimer
     _, _, g, v = case
     hw = Hardware.preset("CPU")

@@ -16,17 +16,6 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("vtcsearch", "cost_models", "solvers", "experiments")
 LAYERS = ("core", "codegen", "cost_models", "solvers", "application")
 
-# Known dependencies that other engineers remove in the same change (issue 11, part 3); the lead deletes this
-# list after merging.  Each is (module, what it must stop depending on): an imported module, or a core class
-# it subclasses.
-EXPECTED_TO_BE_REMOVED: set[tuple[str, str]] = {
-    ("cost_models.accounting", "vtcsearch.core.strategy.Strategy"),  # oracle engineer: resolver hook
-    ("solvers.comparison", "experiments.synthetic"),  # solvers engineer: solvers import no experiments
-    ("solvers.comparison", "experiments.workloads"),
-    ("solvers.scaling", "experiments.synthetic"),
-}
-
-
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -117,23 +106,20 @@ def test_the_walker_sees_every_kind_of_import(tmp_path):
 
 def test_imports_point_down_only():
     g = import_graph()
-    up = sorted((a, b) for a, b in g.edges if layer(b) > layer(a) and (a, b) not in EXPECTED_TO_BE_REMOVED)
+    up = sorted((a, b) for a, b in g.edges if layer(b) > layer(a))
     assert not up, "imports pointing up a layer (importer -> imported): " + \
         ", ".join(f"{a} ({LAYERS[layer(a)]}) -> {b} ({LAYERS[layer(b)]})" for a, b in up)
 
 
 def test_no_import_cycles():
     g = import_graph()
-    g.remove_edges_from(EXPECTED_TO_BE_REMOVED)
     cycles = sorted(" -> ".join(c + [c[0]]) for c in nx.simple_cycles(g))
     assert not cycles, f"{len(cycles)} import cycle(s): " + "; ".join(cycles[:10])
 
 
 def test_the_library_facade_imports_no_runner():
     g = import_graph()
-    reach = {"vtcsearch.api"} | nx.descendants(g.edge_subgraph(
-        e for e in g.edges if e not in EXPECTED_TO_BE_REMOVED).copy(), "vtcsearch.api") \
-        if "vtcsearch.api" in g else set()
+    reach = {"vtcsearch.api"} | nx.descendants(g, "vtcsearch.api") if "vtcsearch.api" in g else set()
     assert "vtcsearch.run" not in reach, "vtcsearch.api imports the command-line runner vtcsearch.run"
 
 
@@ -157,13 +143,6 @@ def core_subclasses() -> set[tuple[str, str]]:
 
 
 def test_no_core_class_is_subclassed_above_the_core():
-    bad = sorted(core_subclasses() - EXPECTED_TO_BE_REMOVED)
+    bad = sorted(core_subclasses())
     assert not bad, f"core classes subclassed above the core (use a hook on the core class): {bad}"
 
-
-def test_expected_to_be_removed_edges_still_exist():
-    """Keep the list honest: a dependency that is gone must leave the list (then delete the list)."""
-    g = import_graph()
-    subs = core_subclasses()
-    gone = sorted(e for e in EXPECTED_TO_BE_REMOVED if not g.has_edge(*e) and e not in subs)
-    assert not gone, f"already removed, drop from EXPECTED_TO_BE_REMOVED: {gone}"

@@ -246,7 +246,7 @@ def test_second_search_makes_no_measurements(tmp_path, exact_vtogs):
 @pytest.mark.slow
 def test_scale_2000(record_property):
     """On a ~2,000-node VTOG on one core: ILP <= greedy <= all physical, every strategy valid (the time
-    bound is generous; the 30 s target is measured by ``python -m solvers.scaling``)."""
+    bound is generous; the 30 s target is measured by ``python -m experiments.solver_scaling``)."""
     v = random_vtog(target_nodes=2000, seed=0, batch=2, seq=64, dims=(128, 256, 512))
     assert v.nx.number_of_nodes() >= 2000
     res = {}

@@ -1,8 +1,8 @@
 """How each solver's time grows with VTOG size: writes ``results/solver_scaling/`` (CSV, PNG, README).
 
-    python -m solvers.scaling                 # 25 .. 2,000 VTOG nodes
-    python -m solvers.scaling --full          # up to 4,000
-    python -m solvers.scaling --sizes 50 100  # custom
+    python -m experiments.solver_scaling                 # 25 .. 2,000 VTOG nodes
+    python -m experiments.solver_scaling --full          # up to 4,000
+    python -m experiments.solver_scaling --sizes 50 100  # custom
 
 Synthetic VTOGs (:mod:`experiments.synthetic`), the analytical oracle (H200),
 one CPU core for CP-SAT.  Each row carries the machine and the date.
@@ -19,8 +19,8 @@ from typing import Any, Sequence
 
 from cost_models import AnalyticalOracle
 
-from . import get_solver
-from .base import SolverRefused
+from solvers import get_solver
+from solvers.base import SolverRefused
 
 SOLVERS = ["none", "all", "greedy", "ilp", "optuna", "exhaustive"]
 BUDGETS: dict[str, Any] = {"optuna": 50, "ilp": 120}
@@ -110,7 +110,7 @@ def _readme(df, path: str, env: dict[str, Any]) -> None:
     piv = df.pivot_table(index="nodes", columns="solver", values="wall_s")
     lines = ["# Solver scaling", "",
              "Synthetic VTOGs (`experiments.synthetic.random_vtog`, meta shapes batch 2, seq 64, widths 128-512), "
-             "analytical oracle (H200 preset), CP-SAT on one worker; `python -m solvers.scaling`.", "",
+             "analytical oracle (H200 preset), CP-SAT on one worker; `python -m experiments.solver_scaling`.", "",
              f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores; python {env['python']}, "
              f"torch {env['torch']}, ortools {env['ortools']}, optuna {env['optuna']}; date {env['date']}.", "",
              "Wall time per solver [s] (exhaustive: only where its space is at most 65,536 points):", "",

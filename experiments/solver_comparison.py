@@ -3,7 +3,7 @@
 Used by ``notebooks/solver_comparison.ipynb`` and by the recording run that
 fills a measurements file on a GPU, so both see exactly the same VTOGs::
 
-    python -m solvers.comparison record --db results/solver_measurements/h100.sqlite [--full]
+    python -m experiments.solver_comparison record --db results/solver_measurements/h100.sqlite [--full]
 
 ``record`` runs the ILP (which asks for every configuration any solver can
 reach) and the greedy search with the profiling oracle on every case; the
@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterable, Sequence
 from cost_models import CostOracle
 from vtcsearch.core.vtog import VTOG, build_vtog
 
-from . import get_solver
-from .base import SolveResult, SolverRefused
+from solvers import get_solver
+from solvers.base import SolveResult, SolverRefused
 
 # (case name, workload, builder parameters)
 WORKLOADS: list[tuple[str, str, dict[str, Any]]] = [
@@ -143,7 +143,7 @@ def record(db: str, full: bool = False, repeats: int = 10, warmup: int = 3, log=
 
     from cost_models.hardware import measure
     from cost_models.profiling import ProfilingOracle
-    from .ilp import configuration_space
+    from solvers.ilp import configuration_space
     t0 = time.perf_counter()
     cs, failed = cases(full)
     out: dict[str, Any] = {"device": torch.cuda.get_device_name() if torch.cuda.is_available() else platform.node(),

@@ -16,7 +16,7 @@ triton-maps.  Writes ``cost_models/calibration/<preset>.json`` (which
 :meth:`cost_models.hardware.Hardware.preset` then uses) and a CSV of every
 timing beside it::
 
-    python -m cost_models.calibrate configs/vision.yaml configs/llama.yaml --hardware H200
+    python -m experiments.calibrate configs/vision.yaml configs/llama.yaml --hardware H200
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from .accounting import op_flops
-from .hardware import Hardware
-from .profiling import KernelTimer
+from cost_models.accounting import op_flops
+from cost_models.hardware import Hardware
+from cost_models.profiling import KernelTimer
 
 CALIBRATION_DIR = os.path.join(os.path.dirname(__file__), "calibration")
 
@@ -51,8 +51,8 @@ def _maximal(v):
 def time_groups(graph, vtog, timer: KernelTimer, hw: Hardware, label: str) -> list[dict[str, Any]]:
     """One row per library-capable group: seconds as triton-dense, triton-maps and library."""
     from vtcsearch.core import implementation as im
-    from . import AnalyticalOracle
-    from .base import choice_of
+    from cost_models import AnalyticalOracle
+    from cost_models.base import choice_of
     oracle = AnalyticalOracle(hw, implementations=im.IMPLEMENTATIONS)
     acc = oracle.accounting(vtog)
     trees = acc.trees_of_choice(choice_of(_maximal(vtog)))
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     eff = efficiencies(rows, hw)
     out = a.out or os.path.join(CALIBRATION_DIR, f"{hw.name}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    written_by = {"command": " ".join(["python -m cost_models.calibrate"] + (argv or sys.argv[1:])),
+    written_by = {"command": " ".join(["python -m experiments.calibrate"] + (argv or sys.argv[1:])),
                   "machine": f"{platform.node()} {torch.cuda.get_device_name()}",
                   "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     with open(out, "w") as f:
