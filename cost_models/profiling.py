@@ -352,20 +352,11 @@ class KernelTimer:
             return lower_as(ctx, g.groups[spec.unit.kernel], spec.impl)   # as realize runs it
 
     def __call__(self, spec: UnitSpec) -> float:
+        from vtcsearch.codegen.timing import bench
         fn = self.prepare(spec)
-        if self.device.type != "cuda":
-            return time_callable(fn, self.device, self.repeats, self.warmup)
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(self.per_graph):
-                fn()
-        return time_callable(graph.replay, self.device, self.repeats, self.warmup) / self.per_graph
+        # CUDA-graph replays of per_graph calls each (warm, not L2-flushed: a kernel inside a model runs warm)
+        return bench(fn, device=self.device, cuda_graph=True, flush_l2=False, warmup=self.warmup,
+                     repeats=self.repeats, calls_per_graph=self.per_graph).median_us * 1e-6
 
 
 # ---------------------------------------------------------------------------

@@ -141,6 +141,10 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
                 fn()
                 torch.cuda.synchronize()
                 peak = int(held + torch.cuda.max_memory_allocated() - base)
+                if held < 0:
+                    # the build freed more than it kept (cudagraph trees' pool is not in memory_allocated,
+                    # and their private model copy is released): unknown, never a negative number
+                    peak = None
             m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile)
         m.peak_memory_bytes = peak
         return m, fn

@@ -5,8 +5,10 @@ Why this is exact for a latency objective: the cost is a sum of unit costs
 of its tensors, which depend only on the options taken by the tensors that
 resolve through them.  Two candidate tensors (tensors with options; the
 others are physical, with fixed maps) *interact* when an option of one points
-into the other (an edge), or when they are tensors of one unit (a kernel's
-I/O, a movement op's copy).  The connected components of that relation
+into the other (an edge), when they are tensors of one unit (a kernel's
+I/O, a movement op's copy), or when options of both point into one storage
+(their validity is coupled: a cache written through one and read through the
+other is hazard-free only when both are virtual).  The connected components of that relation
 (conflicting edges share a tensor or form a 2-cycle, so conflicts are inside
 components too) are independent for the cost: the optimum of the whole is
 the union of the optima of the parts.  Hazards are not local to a part (two
@@ -56,7 +58,12 @@ def parts(vtog: VTOG, oracle: CostOracle) -> list[list[int]]:
         ts = [t for t in u.tensors if t in cands]
         for a, b in zip(ts, ts[1:]):
             g.add_edge(a, b)
-    comp = {t: k for k, c in enumerate(nx.connected_components(g)) for t in c}
+    # validity couples too: options that resolve into one storage (a KV cache written by one tensor's
+    # option and read through another's) can be valid only together, so they are solved together
+    for o in range(len(vtog.options)):
+        for e in vtog.options[o].edges:
+            g.add_edge(acc.option_tensor[o], ("storage", vtog.graph.tensors[vtog.edges[e].dst].storage_name))
+    comp = {t: k for k, c in enumerate(nx.connected_components(g)) for t in c if t in cands}
     by: dict[int, list[int]] = {}
     for o in range(len(vtog.options)):
         by.setdefault(comp[acc.option_tensor[o]], []).append(o)

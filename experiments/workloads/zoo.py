@@ -42,6 +42,15 @@ from ._common import Workload, check_choice, check_common, check_unknown, finali
     resolve_device
 
 
+
+def importable(library: str) -> bool:
+    """Whether ``library`` imports here (a CUDA torchvision next to a CPU torch raises, not ImportError)."""
+    try:
+        __import__(library)
+        return True
+    except Exception:
+        return False
+
 @dataclass(frozen=True)
 class ZooCase:
     """One zoo model: where it comes from and how to build it at each size."""

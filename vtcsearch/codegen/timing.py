@@ -53,11 +53,13 @@ def _device_type(device: Any) -> str:
 
 def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True, flush_l2: bool = True,
           warmup: int = 3, repeats: int | None = None, rep_ms: float = 300.0,
-          max_repeats: int = 1000) -> Timing:
+          max_repeats: int = 1000, calls_per_graph: int = 1) -> Timing:
     """Time ``fn()``: CUDA-graph replays (or plain calls with events) on a GPU, perf_counter on a CPU.
 
     ``repeats``: a fixed number of timed samples; None times for about ``rep_ms`` (at least 10
     samples, at most ``max_repeats``), estimated from the warm-up.  ``warmup``: untimed calls first.
+    ``calls_per_graph``: capture that many calls in one graph and report the time per call (a kernel of a
+    few microseconds is then not dominated by the replay's own launch).
     """
     if _device_type(device) != "cuda":
         return _bench_cpu(fn, warmup=warmup, repeats=repeats, rep_ms=rep_ms, max_repeats=max_repeats)
@@ -79,11 +81,12 @@ def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True,
     if cuda_graph:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            fn()
+            for _ in range(calls_per_graph):
+                fn()
         torch.cuda.synchronize()
-        run, method = graph.replay, "cuda_graph"
+        run, method, per_sample = graph.replay, "cuda_graph", calls_per_graph
     else:
-        run, method = fn, "cuda_events"
+        run, method, per_sample = fn, "cuda_events", 1
     cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
 
     def sample() -> float:
@@ -94,7 +97,7 @@ def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True,
         run()
         b.record()
         b.synchronize()
-        return a.elapsed_time(b) * 1e3      # ms -> us
+        return a.elapsed_time(b) * 1e3 / per_sample     # ms -> us per call
 
     n = repeats
     if n is None:
