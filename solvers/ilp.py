@@ -398,19 +398,7 @@ def configuration_space(vtog: VTOG, oracle: CostOracle, max_trees: int = 128,
     The same enumeration as :func:`solve` without its greedy-protected maps
     (identical whenever no cap binds).
     """
-    acc = oracle.accounting(vtog)
-    keys: dict[str, list[str]] = {}
-    for t in sorted(acc.nodes):
-        trees, _ = acc.enumerate_trees(t, max_trees)
-        keys[t] = list(dict.fromkeys(acc.key_of(t, tid) for tid in trees))
-    out = []
-    for u in acc.units:
-        ks = [keys.get(t, [acc.key_of(t, PHYS)]) for t in u.tensors]
-        while math.prod(len(k) for k in ks) > max_configs:
-            i = max(range(len(ks)), key=lambda j: len(ks[j]))
-            ks[i] = ks[i][:-1]
-        out.extend((u, tuple(c)) for c in itertools.product(*ks))
-    return out
+    return oracle.accounting(vtog).configuration_space(max_trees, max_configs)
 
 
 def _cap_configs(u, ks: list[list[str]], max_configs: int, wvar, m, info,
