@@ -103,6 +103,16 @@ class LlamaStyleRMSNorm(nn.Module):
         return self.weight * hidden_states.to(input_dtype)
 
 
+def test_relu6_conv_block_runs_without_fallbacks():
+    """MobileNet's Conv-BN-ReLU6 (``hardtanh``): one fused conv kernel, no ATen fallback (issue 14's zoo)."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU6(), nn.Hardtanh(-0.5, 0.25)).eval()
+    x = torch.randn(1, 4, 8, 8) * 4
+    fast = compiled(m, (x,))
+    assert not fast.executable.summary()["fallbacks"], fast.executable.summary()
+    torch.testing.assert_close(fast(x), m(x), rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 def test_norm_of_a_prenorm_block_is_matched(kind):
     torch.manual_seed(0)

@@ -144,6 +144,8 @@ POINTWISE: dict[Any, Callable[[list, dict], Code]] = {
     aten.hardsigmoid.default: lambda a, k: f"(tl.minimum(tl.maximum({a[0]} + 3.0, 0.0), 6.0) / 6.0)",
     aten.leaky_relu.default: lambda a, k: f"tl.where({a[0]} > 0, {a[0]}, {a[0]} * {_c(a[1] if len(a) > 1 else 0.01)})",
     aten.clamp.default: _clamp,
+    aten.hardtanh.default: lambda a, k: _clamp([a[0], a[1] if len(a) > 1 else -1.0, a[2] if len(a) > 2 else 1.0],
+                                             {"min": k.get("min_val"), "max": k.get("max_val")} if k else {}),
     aten.clamp_min.default: lambda a, k: f"tl.maximum({a[0]}, {_c(a[1])})",
     aten.clamp_max.default: lambda a, k: f"tl.minimum({a[0]}, {_c(a[1])})",
     aten.maximum.default: lambda a, k: f"tl.maximum({a[0]}, {a[1]})",
