@@ -135,3 +135,14 @@ def test_movement_constructors_equal_torch(case):
 def test_movement_constructors_reject_impossible_views(bad):
     with pytest.raises(ValueError):
         bad()
+
+
+def test_run_length_through_a_lookup_with_a_four_d_index():
+    """A gather whose index tensor is 4-d (transformers' causal mask) is classified without int64 overflow,
+    and the run inside a gathered row is still found."""
+    from vtcsearch.core.expr import lookup
+    v = index_vars(2)
+    m = IndexMap.single((1, 16), "w", (64, 16), [lookup("ids", [v[0], v[0], v[0], v[0]], 0, 63), v[1]])
+    assert m.run_length() == 16
+    m = IndexMap.single((1, 16), "w", (64, 16), [lookup("ids", [v[0], v[0], v[0], v[1]], 0, 63), v[1]])
+    assert m.run_length() == 1

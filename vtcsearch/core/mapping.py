@@ -508,14 +508,18 @@ def _run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
 
 def _without_lookups(e: Expr) -> Expr:
     """``table[j]`` replaced by ``j`` times a large stride: rows a gather picks are far apart, but what
-    varies inside a row (the contiguous run) is kept, without needing the index tensor's values."""
+    varies inside a row (the contiguous run) is kept, without needing the index tensor's values.
+
+    Index component ``k`` gets the stride ``1_000_003 * (k + 1)``: a change of the index moves by a multiple
+    of a large prime (never by 1, so a run always breaks there), and the values stay far inside int64 (a
+    power per component overflowed it for 4-d index tensors: transformers' causal masks)."""
     from .expr import Lookup
 
     def f(a):
         if isinstance(a, Lookup):
             out = Expr()
             for k, i in enumerate(a.index):
-                out = out + _without_lookups(i) * (1_000_003 ** (k + 1))
+                out = out + _without_lookups(i) * (1_000_003 * (k + 1))
             return out
         return Expr({a: 1}) if not hasattr(a, "arg") else Expr({type(a)(_without_lookups(a.arg), a.div): 1})
     return e.map_atoms(f)
