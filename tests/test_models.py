@@ -338,3 +338,31 @@ def test_greedy_strategy_of_shufflenet_realizes():
     exe = realize(g, res.strategy, m)
     with torch.no_grad():
         torch.testing.assert_close(exe(*args)[0], m(*args), rtol=1e-3, atol=1e-3)
+
+
+class TokenTypeEmbedding(nn.Module):
+    """BertEmbeddings' token-type path: an int64 buffer of ids, expanded, looked up, added."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(2, 8)
+        self.register_buffer("ids", torch.tensor([[0, 1] * 8]))
+
+    def forward(self, x):
+        return x + self.emb(self.ids.expand(2, 16))
+
+
+def test_an_index_tensor_is_never_made_virtual():
+    """The index tensor of a gather stays physical (kernels read it as a plain array): BERT's expanded
+    token-type ids were made virtual by the ILP and realize refused the strategy."""
+    from vtcsearch.core.vtog import build_vtog
+    torch.manual_seed(0)
+    m = TokenTypeEmbedding().eval()
+    x = torch.randn(2, 16, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        v = build_vtog(capture(m, (x,)))
+    tables = {t for e in v.edges for t in e.map.tables()}
+    assert tables and not any(o.tensor in tables for o in v.options)
+    fast = compiled(m, (x,), solver="ilp")
+    torch.testing.assert_close(fast(x), m(x))

@@ -163,6 +163,7 @@ def classify(m: IndexMap, dst_shape: tuple[int, ...], itemsize: int) -> tuple[Ed
 def build_vtog(graph: TensorGraph) -> VTOG:
     """One pass over the movement ops, adding each op's edges by its registry rules."""
     v = VTOG(graph)
+    index_tables = _index_tables(graph)
     for op in graph.movement_ops():
         mv = op.movement
         names = {f"in{k}": t for k, t in enumerate(op.inputs)} | {f"out{j}": t for j, t in enumerate(op.outputs)}
@@ -183,21 +184,31 @@ def build_vtog(graph: TensorGraph) -> VTOG:
                 extra = fills if k == 0 else []
                 m = IndexMap(out_map.shape, pieces + extra, {tgt: out_map.target_shapes[tgt]}).retarget(names)
                 group.append(_add_edge(v, op.outputs[j], names[tgt], op.name, "output_over_input", m, True))
-            _add_option(v, op.outputs[j], group, op.name)
+            _add_option(v, op.outputs[j], group, op.name, index_tables)
         # inputs write their outputs
         by_input_edges: dict[int, list] = {}
         for k, j, m in mv.inverse:
             e = _add_edge(v, op.inputs[k], op.outputs[j], op.name, "input_over_output", m.retarget(names), True)
             by_input_edges.setdefault(k, []).append(e)
         for k, group in by_input_edges.items():
-            _add_option(v, op.inputs[k], group, op.name)
+            _add_option(v, op.inputs[k], group, op.name, index_tables)
         for j, k in mv.inplace:
             out = graph.tensors[op.outputs[j]]
             m = IndexMap.identity(out.shape, op.inputs[k])
             e = _add_edge(v, op.outputs[j], op.inputs[k], op.name, "inplace", m, False)
-            _add_option(v, op.outputs[j], [e], op.name)
+            _add_option(v, op.outputs[j], [e], op.name, index_tables)
     _find_conflicts(v)
     return v
+
+
+def _index_tables(graph: TensorGraph) -> set[str]:
+    """Tensors that a gather reads as indices: kernels read them as plain arrays, so they stay physical."""
+    out: set[str] = set()
+    for op in graph.movement_ops():
+        names = {f"in{k}": t for k, t in enumerate(op.inputs)} | {f"out{j}": t for j, t in enumerate(op.outputs)}
+        for m in op.movement.outputs:
+            out.update(names.get(t, t) for t in m.tables())
+    return out
 
 
 def _is_index_input(op, tgt: str, m: IndexMap) -> bool:
@@ -220,9 +231,9 @@ def _add_edge(v: VTOG, src: str, dst: str, op: str, kind: str, m: IndexMap, valu
     return e
 
 
-def _add_option(v: VTOG, tensor: str, group: list, op: str) -> None:
+def _add_option(v: VTOG, tensor: str, group: list, op: str, index_tables: set[str]) -> None:
     edges = [e for e in group if e is not None]
-    if not edges or len(edges) != len(group):
+    if not edges or len(edges) != len(group) or tensor in index_tables:
         return
     t = v.graph.tensors[tensor]
     covered = sum((e.map.covered_size() or 0) for e in edges)
