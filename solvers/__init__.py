@@ -30,9 +30,9 @@ class _Registry(dict):
             raise KeyError(name)
         mod = importlib.import_module(f".{_MODULES[name]}", __name__)
         fn = mod.solve
-        if getattr(mod, "DECOMPOSE", False):      # searching solvers: independent parts, repeated ones once
+        if getattr(mod, "DECOMPOSABLE", False):   # searching solvers: independent parts, repeated ones once
             from .decompose import solve_decomposed
-            fn = functools.partial(solve_decomposed, name, mod.solve)
+            fn = functools.partial(solve_decomposed, name, mod.solve, decompose=mod.DECOMPOSE)
         self[name] = fn
         return fn
 

@@ -23,9 +23,11 @@ replaced by their first-occurrence index) is equal are solved once; the
 copies take the corresponding options.  ``info["solves"]`` counts the parts
 actually solved, ``info["parts"]`` all of them.
 
-Every searching solver whose module sets ``DECOMPOSE`` (greedy, ILP,
+Every searching solver whose module sets ``DECOMPOSABLE`` (greedy, ILP,
 exhaustive) goes through :func:`solve_decomposed` via
-:func:`solvers.get_solver`; ``decompose=False`` solves the VTOG whole.
+:func:`solvers.get_solver`; its ``DECOMPOSE`` is the default of ``decompose``
+(on for exhaustive; off for greedy and the ILP until a part's search state is
+scoped to the part: today each part's state spans the whole graph).
 Optuna is solved whole: one study (trials, storage) belongs to one search.
 """
 from __future__ import annotations

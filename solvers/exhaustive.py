@@ -20,7 +20,8 @@ from vtcsearch.core.vtog import VTOG
 from .base import Run, SolveResult, SolverRefused, SolverStatus, usable_options
 
 NAME = "exhaustive"
-DECOMPOSE = True   # solved part by part through solvers.decompose
+DECOMPOSABLE = True   # solved part by part through solvers.decompose: an exponential search gains most
+DECOMPOSE = True
 DEFAULT_LIMIT = 1 << 16
 
 

@@ -30,7 +30,7 @@ from vtcsearch.core.vtog import VTOG
 from .base import Run, SolveResult, SolverStatus, usable_options
 
 NAME = "optuna"
-DECOMPOSE = False  # one study (trials, storage) per search: solved whole
+DECOMPOSABLE = False  # one study (trials, storage) per search: solved whole
 PHYSICAL = "phys"
 
 
