@@ -345,7 +345,7 @@ def test_export_tiny_cpu_decomposes_and_matches_eager():
 
 
 def test_registry():
-    assert set(WORKLOADS) == {"llama3", "gemma2", "efficientvit", "yolo11", "shufflenet"}
+    assert set(WORKLOADS) == {"llama3", "gemma2", "efficientvit", "yolo11", "shufflenet", "vision_block", "zoo"}
 
 
 @pytest.mark.parametrize(
