@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 import torch
 
 from ..core.expr import Expr, TritonNames, bounds, simplify, to_triton
-from .kernels.emit import downcast
+from .kernels.emit import const_code, downcast
 from ..core.mapping import index_vars
 from ..core.ops import reshape_index
 
@@ -55,12 +55,7 @@ def _c(v: Any) -> Code:
     if isinstance(v, bool):
         return "1.0" if v else "0.0"
     if isinstance(v, (int, float)):
-        v = float(v)
-        if math.isnan(v):
-            return 'float("nan")'
-        if math.isinf(v):
-            return 'float("inf")' if v > 0 else '-float("inf")'
-        return repr(v)
+        return const_code(v)            # a float constant, inf and nan included
     return v
 
 
