@@ -139,6 +139,17 @@ def test_reads_in_place_rule():
     assert not im.reads_in_place("matmul", (4, 8), None)
 
 
+def test_strided_layout_gives_size_one_dims_a_real_stride():
+    """A size-1 dim's stride is free; it must not be 0 (cuBLAS rejects a leading dimension of 0: the
+    flattened pool -> fc of a ResNet failed with CUBLAS_STATUS_INVALID_VALUE on the H200)."""
+    from vtcsearch.core.mapping import IndexMap
+    m = IndexMap.reshape((1, 8, 1, 1), (1, 8), "pool")
+    assert im.strided_layout(m, {"pool": (8, 1, 1, 1)}) == ((8, 1), 0)
+    m = IndexMap.narrow((4, 8), 0, 2, 1, "x")        # row 2 of a [4, 8] storage: offset 16
+    assert im.strided_layout(m, {"x": (8, 1)}) == ((8, 1), 16)
+    assert im.strided_layout(IndexMap.permute((1, 8), (1, 0), "x"), {"x": (8, 1)}) == ((1, 1), 0)
+
+
 def test_default_oracle_keys_unchanged(case):
     _, _, g, v = case
     o = AnalyticalOracle("H200")

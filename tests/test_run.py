@@ -249,7 +249,27 @@ def test_cli_rejects_bad_config_and_solver(tmp_path, capsys):
     assert err.startswith("ConfigError: ") and "extra" in err and err.count("\n") == 1
     assert main([str(TINY), "--solvers", "ilp,bogus", "--out", str(tmp_path / "o")]) == 2
     assert "--solvers[1]: unknown solver 'bogus'" in capsys.readouterr().err
+    assert main([str(TINY), "--solvers", "ilp@oracle9", "--out", str(tmp_path / "o")]) == 2
+    assert "--solvers[0]: unknown oracle 'oracle9' in 'ilp@oracle9'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_solver_entry_can_name_its_oracle(tmp_path, monkeypatch):
+    """``greedy@analytical`` beside ``greedy``: the same solver searched by a second oracle in the same run,
+    its own variant, predicted by the oracle that searched."""
+    import vtcsearch.run as run
+    made = []
+    real = run.make_oracle
+    monkeypatch.setattr(run, "make_oracle", lambda ctx, name=None: made.append(name) or real(ctx, name))
+    out = tmp_path / "o"
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--batch", "1",
+                 "--solvers", "none,greedy,greedy@analytical"]) == 0
+    assert made == [None, "analytical"]
+    s = json.loads((out / "summary.json").read_text())
+    rows = {r["variant"]: r for r in s["rows"] if r["kind"] == "vtcsearch"}
+    assert set(rows) == {"vtc_none", "vtc_greedy", "vtc_greedy@analytical"}
+    assert rows["vtc_greedy@analytical"]["predicted_latency_us"] == pytest.approx(rows["vtc_greedy"]["predicted_latency_us"])
+    assert (out / "strategies" / "llama3-bs1_greedy@analytical.json").exists()
 
 
 # ---------------------------------------------------------------------------

@@ -70,7 +70,7 @@ class Config:
     workload: WorkloadConfig
     batch_sizes: list[int]                              # e.g. [1, 16]
     dtype: Literal["float32", "bfloat16", "float16"]
-    solvers: list[str]                                  # names in solvers.SOLVERS
+    solvers: list[str]                                  # names in solvers.SOLVERS; "ilp@analytical": with that oracle
     oracle: str                                         # "auto" (GPU: profiling, else analytical) or cost_models.ORACLES
     hardware: str                                       # analytical oracle's preset (cost_models.PRESETS), e.g. H200
     objective: Literal["latency", "memory", "mix"]
@@ -274,15 +274,31 @@ def _check_names(cfg: Config, where: str) -> None:
         fail("output", "must not be empty")
 
 
+def split_solver(spec: str) -> tuple[str, str | None]:
+    """``"ilp@analytical"`` -> ``("ilp", "analytical")``; ``"ilp"`` -> ``("ilp", None)`` (the run's oracle).
+
+    A solver entry may name the oracle it searches with, so one run reports the
+    same solver under two oracles side by side (issue 12: analytical and
+    profiling search of one case, in one process).
+    """
+    solver, _, oracle = spec.partition("@")
+    return solver, (oracle or None)
+
+
 def check_solvers(names: list[str], where: str, registry: Any = None) -> None:
-    """A non-empty list of registered solver names without repeats (also used for ``--solvers``)."""
+    """A non-empty list of registered solver names (``solver`` or ``solver@oracle``) without repeats
+    (also used for ``--solvers``)."""
+    from cost_models import ORACLES
     if registry is None:
         from solvers import SOLVERS as registry
     if not names:
         raise ConfigError(f"{where}: must list at least one solver")
-    for i, s in enumerate(names):
+    for i, spec in enumerate(names):
+        s, oracle = split_solver(spec)
         if s not in registry:
             raise ConfigError(f"{where}[{i}]: unknown solver {s!r}; choices: {', '.join(registry)}")
+        if oracle is not None and oracle not in ORACLES:
+            raise ConfigError(f"{where}[{i}]: unknown oracle {oracle!r} in {spec!r}; choices: {', '.join(ORACLES)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: repeats a solver")
 
@@ -293,5 +309,5 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-__all__ = ["Config", "ConfigError", "NumericsConfig", "WorkloadConfig", "check_solvers", "config_from_dict",
+__all__ = ["Config", "ConfigError", "NumericsConfig", "WorkloadConfig", "check_solvers", "config_from_dict", "split_solver",
            "load_config", "torch_dtype"]

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 from . import atomic, floors
 from .codegen.interpreter import ensure_interpreter
 from .codegen.timing import machine
-from .config import Config, ConfigError, check_solvers, load_config, torch_dtype
+from .config import Config, ConfigError, check_solvers, load_config, split_solver, torch_dtype
 from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, SCHEMA_VERSION, VariantKind, solver_of, variant_name  # noqa: F401
 
 QUICK_BUDGETS = {"ilp": 10.0, "optuna": 30.0}      # --quick caps these solver budgets
@@ -130,7 +130,8 @@ class RunContext:
     out: Path
     quick: bool
     log: Log
-    oracle: Any = None
+    oracle: Any = None          # the config's oracle
+    oracles: dict[str, Any] = dataclasses.field(default_factory=dict)   # others named by solver entries
     stage: str = ""             # the step of the case in progress (for failure messages)
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)         # steps.csv rows
     conv_layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # conv_layers.csv rows
@@ -141,7 +142,17 @@ class RunContext:
     def measured(self) -> bool:
         return self.device == "cuda"
 
-    def budget(self, solver: str) -> float | None:
+    def oracle_for(self, spec: str):
+        """The oracle solver entry ``spec`` searches with: the run's, or the one it names (``ilp@analytical``)."""
+        name = split_solver(spec)[1]
+        if name is None:
+            return self.oracle
+        if name not in self.oracles:
+            self.oracles[name] = make_oracle(self, name)
+        return self.oracles[name]
+
+    def budget(self, spec: str) -> float | None:
+        solver = split_solver(spec)[0]
         b = self.cfg.budgets.get(solver)
         if self.quick and solver in QUICK_BUDGETS:
             b = QUICK_BUDGETS[solver] if b is None else min(b, QUICK_BUDGETS[solver])
@@ -158,11 +169,12 @@ def make_objective(cfg: Config):
     return Objective.mix(cfg.seconds_per_gib, cap)
 
 
-def make_oracle(ctx: RunContext):
-    """The config's oracle; ``auto`` is profiling on a GPU (falling back to analytical if it fails)."""
+def make_oracle(ctx: RunContext, name: str | None = None):
+    """The config's oracle (or the one named); ``auto`` is profiling on a GPU (falling back to analytical
+    if it fails)."""
     from cost_models import get_oracle
     cfg, objective = ctx.cfg, make_objective(ctx.cfg)
-    name = cfg.oracle
+    name = name or cfg.oracle
     if name == "auto":
         name = "profiling" if ctx.device == "cuda" else "analytical"
     opts = dict(cfg.oracle_options)
@@ -192,7 +204,8 @@ def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
     with ctx.log.progress(len(ctx.cfg.solvers), f"solve {what}") as step:
         for name in ctx.cfg.solvers:
             try:
-                res = get_solver(name)(vtog, ctx.oracle, budget=ctx.budget(name), seed=ctx.cfg.seed)
+                res = get_solver(split_solver(name)[0])(vtog, ctx.oracle_for(name), budget=ctx.budget(name),
+                                                        seed=ctx.cfg.seed)
                 res.strategy.validate()
                 out[name] = res
             except SolverRefused as e:
@@ -288,7 +301,8 @@ class NumericsCopy:
         """Solve this copy's VTOG with ``solver`` (same oracle and budget) and check the realized result."""
         from solvers import SolverRefused, get_solver
         try:
-            res = get_solver(solver)(self.vtog, self.ctx.oracle, budget=self.ctx.budget(solver), seed=self.ctx.cfg.seed)
+            res = get_solver(split_solver(solver)[0])(self.vtog, self.ctx.oracle_for(solver),
+                                                      budget=self.ctx.budget(solver), seed=self.ctx.cfg.seed)
             res.strategy.validate()
         except SolverRefused as e:
             return {"solver": solver, "size": self.size, "batch": self.batch, "ok": None,
@@ -363,7 +377,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             log(f"   {name:10s} {res[0]}: {res[1]}")
             rows.append(row)
             continue
-        ev = ctx.oracle.evaluate(res.strategy)
+        ev = ctx.oracle_for(name).evaluate(res.strategy)     # predicted by the oracle that searched
         evals[name] = ev
         s = res.strategy
         kern = [r for r in ev.rows if r["seconds"] > 0]
@@ -379,7 +393,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                    oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
         for r in ev.rows:
             krow = {"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
-                    "source": ctx.oracle.name, "us": r["seconds"] * 1e6, **r}
+                    "source": ctx.oracle_for(name).name, "us": r["seconds"] * 1e6, **r}
             if hw is not None:
                 krow["floor_us"] = floors.kernel_floor_us(r, hw, dtype)
                 krow["x_floor"] = floors.ratio(krow["us"], krow["floor_us"])
@@ -629,7 +643,8 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                 case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
             except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
                 case, r = failed_case(ctx, params, b, e)
-            ctx.oracle.note_errors(ctx.notes)   # exceptions inside the oracle: counted, reported (issue 11)
+            for o in [ctx.oracle, *ctx.oracles.values()]:
+                o.note_errors(ctx.notes)       # exceptions inside the oracle: counted, reported (issue 11)
             summary["cases"].append(case)
             summary["rows"] += r
             write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from .elementwise import Unsupported, compile_region, round_to
+from ..core import implementation as im
 from ..core.fusion import ATTENTION, CONV, ELEMENTWISE, LAYERNORM, MATMUL, RMSNORM, Group, region_outputs
 from ..core.graph import kernel_io
 from .kernels import (ConvEpilogue, Epilogue, Operand, attention, avg_pool2d, conv2d, copy, gemm,
@@ -260,23 +261,15 @@ def lower_reduction(ctx: Context, group: Group) -> Launch:
 
 def strided_view(op: Operand) -> torch.Tensor | None:
     """The operand as a plain strided view of its storage, when its map is one (else None)."""
-    m = op.map
-    if len(m.pieces) != 1 or op.syms or op.tables:
+    if op.syms or op.tables or len(op.map.pieces) != 1 or op.map.pieces[0].target is None:
         return None
-    p = m.pieces[0]
-    if p.target is None or p.conds or any((lo, hi) != (0, s) for (lo, hi), s in zip(p.region, m.shape)):
+    target = op.map.pieces[0].target
+    layout = im.strided_layout(op.map, {target: tuple(op.storage_strides(target))})
+    if layout is None:
         return None
-    off = p.offset(op.storage_strides(p.target))
-    if not off.is_affine() or off.syms() or off.const < 0:
-        return None
-    strides = []
-    for k in range(m.ndim):
-        c = sum(cf for a, cf in off.terms if getattr(a, "name", None) == f"i{k}")
-        if c < 0:
-            return None
-        strides.append(c)
-    base = op.tensors[p.target]
-    return base.as_strided(m.shape, strides, base.storage_offset() + off.const)
+    strides, offset = layout
+    base = op.tensors[target]
+    return base.as_strided(op.map.shape, strides, base.storage_offset() + offset)
 
 
 def lower_aten(ctx: Context, group: Group, note: str = "") -> Launch:

@@ -99,8 +99,13 @@ def library_operands(graph: "TensorGraph", group: Group) -> tuple[list[str], lis
     return list(op.inputs), list(op.outputs)
 
 
-def strided_view_strides(m: "IndexMap", storage_strides: Mapping[str, Sequence[int]]) -> tuple[int, ...] | None:
-    """Element strides of ``m`` as a plain strided view of one storage (None: not a view, must be copied)."""
+def strided_layout(m: "IndexMap", storage_strides: Mapping[str, Sequence[int]]) -> tuple[tuple[int, ...], int] | None:
+    """(element strides, element offset) of ``m`` as a plain strided view of one storage (None: not a view).
+
+    A dim of size 1 gets the stride a contiguous tensor would have there: its index
+    never moves, so any stride addresses the same elements, and vendor libraries
+    reject a leading dimension of 0 (cuBLAS: ``CUBLAS_STATUS_INVALID_VALUE``).
+    """
     if len(m.pieces) != 1 or m.syms() or m.tables():
         return None
     p = m.pieces[0]
@@ -109,16 +114,23 @@ def strided_view_strides(m: "IndexMap", storage_strides: Mapping[str, Sequence[i
     off = p.offset(storage_strides[p.target])
     if not off.is_affine() or off.syms() or off.const < 0:
         return None
-    strides = []
-    for k in range(m.ndim):
-        terms = [(a, c) for a, c in off.terms if getattr(a, "name", None) == f"i{k}"]
-        c = sum(cf for _, cf in terms)
-        if c < 0:
-            return None
-        strides.append(c)
-    if len(off.terms) != sum(1 for a, _ in off.terms if getattr(a, "name", "").startswith("i")):
+    if any(not getattr(a, "name", "").startswith("i") for a, _ in off.terms):
         return None
-    return tuple(strides)
+    strides = [0] * m.ndim
+    for a, c in off.terms:
+        strides[int(a.name[1:])] += c
+    if any(c < 0 for c in strides):
+        return None
+    for k in reversed(range(m.ndim)):
+        if m.shape[k] == 1:
+            strides[k] = strides[k + 1] * max(m.shape[k + 1], 1) if k + 1 < m.ndim else 1
+    return tuple(strides), off.const
+
+
+def strided_view_strides(m: "IndexMap", storage_strides: Mapping[str, Sequence[int]]) -> tuple[int, ...] | None:
+    """Element strides of ``m`` as a plain strided view of one storage (None: not a view, must be copied)."""
+    layout = strided_layout(m, storage_strides)
+    return None if layout is None else layout[0]
 
 
 def _contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
