@@ -27,7 +27,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from vtcsearch.core.implementation import library_operands, needs_copy, strided_view_strides
+from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_operands, needs_copy, \
+    strided_view_strides
 
 from .accounting import Traffic, TrafficModel, UnitSpec, op_flops
 from .base import CostOracle, Objective, UnitCost
@@ -48,6 +49,8 @@ class AnalyticalOracle(CostOracle):
     def measure(self, spec: UnitSpec) -> UnitCost:
         if spec.impl == "library":
             return self._library(spec)
+        if spec.impl == INDUCTOR:
+            return self._inductor(spec)
         strides = {s: v[1] for s, v in spec.storages.items()}
         read, write = Traffic(), Traffic()
         for o in spec.operands:
@@ -107,6 +110,31 @@ class AnalyticalOracle(CostOracle):
         return UnitCost(seconds, bytes=dense + ep_bytes, flops=spec.flops,
                         detail={"impl": "library", "t_copy": t_copy, "library_copies": copies,
                                 "t_call": t_call, "t_epilogue": t_ep})
+
+    def _inductor(self, spec: UnitSpec) -> UnitCost:
+        """The group compiled by Inductor on strided operands: residual copies for operands that are not strided
+        views, then one kernel at Inductor's efficiency for the group's kind (its epilogue fused)."""
+        hw, g = self.hw, spec.graph
+        group = g.groups[spec.unit.kernel]
+        ins, outs = dense_operands(g, group, INDUCTOR)
+        strides = {s: v[1] for s, v in spec.storages.items()}
+        by = {o.tensor: o for o in spec.operands}
+        t_copy, copies, dense = 0.0, 0, 0
+        for t in ins + outs:
+            nbytes = g.tensors[t].nbytes
+            dense += nbytes
+            o = by.get(t)
+            if o is not None and needs_copy(INDUCTOR, o.map, strides):
+                tr = self.traffic.access(o.map, o.itemsize, strides)
+                t_copy += (tr.dram_bytes + nbytes) / hw.bandwidth + tr.l2_bytes / hw.l2_bandwidth + hw.launch_s
+                copies += 1
+        t_flops = 0.0
+        if spec.flops:
+            t_flops = spec.flops / (hw.peak(spec.compute_dtype, spec.tensor_core)
+                                    * (hw.eff(INDUCTOR, group.kind) if spec.tensor_core else 1.0))
+        t_call = max(dense / hw.bandwidth, t_flops) + hw.launch_s
+        return UnitCost(t_copy + t_call, bytes=dense, flops=spec.flops,
+                        detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call})
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source}

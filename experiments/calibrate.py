@@ -53,7 +53,7 @@ def time_groups(graph, vtog, timer: KernelTimer, hw: Hardware, label: str) -> li
     from vtcsearch.core import implementation as im
     from cost_models import AnalyticalOracle
     from cost_models.base import choice_of
-    oracle = AnalyticalOracle(hw, implementations=im.IMPLEMENTATIONS)
+    oracle = AnalyticalOracle(hw, implementations=(im.TRITON, im.LIBRARY))
     acc = oracle.accounting(vtog)
     trees = acc.trees_of_choice(choice_of(_maximal(vtog)))
     rows = []

@@ -75,10 +75,10 @@ def maximal(v) -> Strategy:
 def test_choices_per_group(case):
     _, _, g, _ = case
     kinds = {gr.kind: im.choices(g, gr) for gr in g.groups.values()}
-    assert kinds["matmul"] == ("triton", "library")
-    assert kinds["conv"] == ("triton", "library")
-    assert kinds["attention"] == ("triton", "library")
-    assert kinds["elementwise"] == ("triton",)
+    assert kinds["matmul"] == ("triton", "library", "inductor")
+    assert kinds["conv"] == ("triton", "library", "inductor")
+    assert kinds["attention"] == ("triton", "library", "inductor")
+    assert kinds["elementwise"] == ("triton", "inductor")
     assert im.choices(g, next(iter(g.groups.values())), ("triton",)) == ("triton",)
 
 
@@ -316,3 +316,82 @@ def test_runner_rejects_unknown_implementation(capsys):
     from vtcsearch.run import main
     assert main(["configs/tiny.yaml", "--implementations", "triton,cublas"]) == 2
     assert "--implementations: unknown implementation 'cublas'" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------
+# inductor: groups compiled by TorchInductor, merged into regions where no virtual tensor separates them
+# ---------------------------------------------------------------------------
+class Chain(nn.Module):
+    """Two linears and a conv: with every tensor physical, one Inductor region; a transposed copy between."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 32), nn.Linear(32, 8)
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, img):
+        h = torch.relu(self.a(x))
+        y = self.b(h).t().contiguous() * 2
+        c = torch.relu(self.conv(img)).flatten(1)
+        return y, c
+
+
+@pytest.fixture(scope="module")
+def chain():
+    torch.manual_seed(0)
+    m = Chain().eval()
+    inputs = (torch.randn(4, 16), torch.randn(2, 3, 5, 5))
+    g = capture(m, inputs)
+    return m, inputs, g, build_vtog(g)
+
+
+def all_inductor(g, strategy: Strategy) -> Strategy:
+    return strategy.set_implementations({n: im.INDUCTOR for n in g.groups})
+
+
+def test_inductor_runs_every_group_kind(case, chain):
+    for _, _, g, _ in (case, chain):
+        for gr in g.groups.values():
+            assert im.INDUCTOR in im.choices(g, gr)
+    assert im.reads_in_place(im.INDUCTOR, (4, 8), (1, 4)) and im.reads_in_place(im.INDUCTOR, (4, 8), (16, 2))
+    assert not im.reads_in_place(im.INDUCTOR, (4, 8), (0, 1))      # never writes through a broadcast
+
+
+def test_inductor_regions_follow_the_virtual_tensors(chain):
+    """All physical: one region, the copying movement ops inside it and the folded weight transposes outside;
+    maximal: a group that reads a virtual view of the region's output starts a new region."""
+    from vtcsearch.codegen.inductor import regions
+    from vtcsearch.codegen.realize import constant_tensors
+    _, _, g, v = chain
+    const = constant_tensors(g)
+    runs = regions(g, all_inductor(g, Strategy(v, set())), g.steps, const)
+    inductor_runs = [r for r in runs if r[0] in g.groups]
+    assert len(inductor_runs) == 1 and set(g.groups) <= set(inductor_runs[0])
+    assert any(r[0] not in g.groups for r in inductor_runs[0])          # a copy absorbed into the region
+    runs = regions(g, all_inductor(g, maximal(v)), g.steps, const)
+    assert len([r for r in runs if r[0] in g.groups]) > 1
+
+
+@pytest.mark.parametrize("edges", ["none", "maximal"])
+def test_inductor_realization_equals_eager(chain, case, edges):
+    for m, inputs, g, v in (chain, case):
+        s = all_inductor(g, Strategy(v, set()) if edges == "none" else maximal(v))
+        exe = realize(g, s, m)
+        assert {st.lowering for st in exe.steps if st.kind == "kernel"} == {"inductor"}
+        with torch.no_grad():
+            ref = m(*inputs)
+        for a, r in zip(exe(*inputs), ref):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_analytical_prices_inductor_and_the_ilp_takes_it_when_cheaper(chain):
+    """With Inductor's efficiency above the Triton template's, vtc_none runs every group under Inductor; a
+    virtual operand costs it a gather."""
+    _, _, g, v = chain
+    hw = Hardware.preset("H200").with_(efficiency={"triton/matmul": 0.05, "triton/conv": 0.05})
+    o = AnalyticalOracle(hw, implementations=("triton", "inductor"))
+    none = get_solver("none")(v, o)
+    assert set(none.strategy.impl.values()) == {im.INDUCTOR}
+    assert none.objective < get_solver("none")(v, AnalyticalOracle(hw)).objective
+    res = get_solver("ilp")(v, o, budget=20)
+    assert res.objective <= none.objective + 1e-12

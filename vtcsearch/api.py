@@ -132,7 +132,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     ``"latency" | "memory" | "mix"`` or a ``cost_models.Objective``; ``cuda_graph``: replay
     the whole step list as one CUDA graph (GPU only); ``budget``: the solver's budget
     (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
-    ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper).
+    ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper;
+    adding ``"inductor"`` lets it hand groups to TorchInductor, merged into one compiled region
+    wherever no virtual tensor separates them).
     Returns a :class:`Compiled` callable.
     """
     import warnings

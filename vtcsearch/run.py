@@ -787,7 +787,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                                      "replacing the config's")
     ap.add_argument("--baselines", default=None, help="comma-separated baselines, replacing the config's")
     ap.add_argument("--implementations", default=None,
-                    help="comma-separated kernel implementations the search may choose (triton,library); "
+                    help="comma-separated kernel implementations the search may choose (triton,library,inductor); "
                          "sets oracle_options.implementations")
     ap.add_argument("--quick", action="store_true",
                     help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "

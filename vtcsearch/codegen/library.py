@@ -35,6 +35,9 @@ def lower_as(ctx: Context, group: Group, impl: str) -> Launch:
     """The group's launch in implementation ``impl`` (what realization and the profiling timer both run)."""
     if im.check_name(impl) == im.LIBRARY:
         return lower_library(ctx, group)
+    if impl == im.INDUCTOR:
+        from .inductor import lower_inductor
+        return lower_inductor(ctx, [group.name])
     return lower(ctx, group)
 
 

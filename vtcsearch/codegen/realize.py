@@ -10,7 +10,10 @@ graph's steps (:mod:`vtcsearch.core.fusion`) become launches:
 * a kernel group -> its lowering (:mod:`vtcsearch.codegen.lowering`): Triton templates
   whose loads and stores go through the operands' maps, or its ATen ops when no
   template fits; or, where the strategy chose the ``library`` implementation,
-  a vendor kernel on dense operands (:mod:`vtcsearch.codegen.library`);
+  a vendor kernel on dense operands (:mod:`vtcsearch.codegen.library`); or,
+  for ``inductor``, Inductor's code for it, consecutive inductor groups with
+  physical tensors between them compiled as one region
+  (:mod:`vtcsearch.codegen.inductor`);
 * a movement op -> the copy kernels of its residual copies (none when the
   strategy eliminated it).  A movement op of constants only (a weight's
   transpose) is folded: copied once here, as a compiler folds constants.
@@ -33,6 +36,7 @@ import torch
 from ..core.graph import TensorGraph
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
+from .inductor import lower_inductor, regions
 from .library import lower_as
 from .lowering import Context, Launch
 from ..core.strategy import Strategy
@@ -169,7 +173,11 @@ class Executable:
         g, s = self.graph, self.strategy
         ctx = Context(g, self.operand, self._scratch, self.device)
         const = constant_tensors(g)
-        for name in g.steps:
+        for run in regions(g, s, g.steps, const):
+            name = run[0]
+            if name in g.groups and s.implementation(name) == "inductor":   # compiled (and run once) as a region
+                self.steps.append(Step(name, "kernel", lower_inductor(ctx, run)))
+                continue
             if name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
                 launch = lower_as(ctx, g.groups[name], s.implementation(name))
                 if launch.fn is not None:
@@ -258,8 +266,8 @@ class Executable:
         """Kernels per call by kind, fallbacks, folded ops, bytes this executable allocated."""
         kinds: dict[str, int] = {}
         for st in self.steps:
-            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering in ("aten", "library")
-                                                                 else 0)
+            kinds[st.lowering] = kinds.get(st.lowering, 0) + max(st.kernels, 1 if st.lowering in
+                                                                 ("aten", "library", "inductor") else 0)
         return {"steps": len(self.steps), "kernels": sum(st.kernels for st in self.steps),
                 "copy_kernels": sum(st.kernels for st in self.steps if st.kind == "copy"),
                 "by_lowering": kinds,

@@ -12,6 +12,13 @@ per kernel group of :mod:`vtcsearch.core.fusion`, which *implementation* runs it
     (cuBLAS) for a matmul group, ``aten.convolution`` (cuDNN) for a conv group,
     ``scaled_dot_product_attention`` for an attention group; a fused epilogue
     then runs as one elementwise kernel on the product.
+``inductor``
+    the group's ATen ops compiled by TorchInductor (max-autotune: its own
+    fusion, Triton templates and the vendor libraries, whichever it measures
+    fastest), on plain strided operands.  Realization merges consecutive
+    inductor groups whose tensors between them are physical into one region, so
+    a stretch of the graph that no virtual tensor touches is one Inductor
+    program, as torch.compile would build it (:mod:`vtcsearch.codegen.inductor`).
 
 A library kernel cannot read through an arbitrary map.  It reads an operand in
 place only when the operand's resolved map is a plain strided view of one
@@ -36,8 +43,8 @@ if TYPE_CHECKING:
 
 aten = torch.ops.aten
 
-TRITON, LIBRARY = "triton", "library"
-IMPLEMENTATIONS: tuple[str, ...] = (TRITON, LIBRARY)
+TRITON, LIBRARY, INDUCTOR = "triton", "library", "inductor"
+IMPLEMENTATIONS: tuple[str, ...] = (TRITON, LIBRARY, INDUCTOR)
 DEFAULT = TRITON
 
 _LIBRARY_MATMULS = {aten.mm.default, aten.bmm.default, aten.addmm.default}
@@ -72,16 +79,34 @@ def library_op(graph: "TensorGraph", group: Group):
     return op if node.target is aten.convolution.default else None
 
 
+def inductor_can_run(graph: "TensorGraph", group: Group) -> bool:
+    """Inductor compiles any group whose ops are all ATen calls of the captured graph."""
+    return all(graph.ops[o].node is not None for o in group.ops)
+
+
 def choices(graph: "TensorGraph", group: Group, allowed: Sequence[str] = IMPLEMENTATIONS) -> tuple[str, ...]:
     """Implementations that can run ``group`` (``triton`` always), in ``allowed`` order."""
     out = []
     for impl in allowed:
         check_name(impl)
-        if impl == TRITON or (impl == LIBRARY and library_op(graph, group) is not None):
+        if impl == TRITON or (impl == LIBRARY and library_op(graph, group) is not None) \
+                or (impl == INDUCTOR and inductor_can_run(graph, group)):
             out.append(impl)
     if TRITON not in out:
         out.insert(0, TRITON)
     return tuple(out)
+
+
+def dense_operands(graph: "TensorGraph", group: Group, impl: str) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) that implementation ``impl`` of ``group`` reads and writes as plain strided tensors
+    (gathered / scattered through a dense buffer when their maps are not): the library call's operands,
+    or every operand of the group for Inductor; none for the Triton template."""
+    if impl == LIBRARY:
+        return library_operands(graph, group)
+    if impl == INDUCTOR:
+        from .graph import kernel_io
+        return kernel_io(graph, group.ops)
+    return [], []
 
 
 def library_operands(graph: "TensorGraph", group: Group) -> tuple[list[str], list[str]]:
@@ -147,12 +172,16 @@ def reads_in_place(kind: str, shape: Sequence[int], strides: Sequence[int] | Non
 
     Matmuls (cuBLAS) take any batch strides and either of the last two dims
     contiguous (a transposed operand is free); convolutions and attention take
-    dense operands (attention: a unit stride on the last dim).
+    dense operands (attention: a unit stride on the last dim); Inductor
+    (``kind="inductor"``) compiles for whatever strides it is given, but never
+    writes an output with a broadcast (0) stride.
     """
     if strides is None:
         return False
     if math.prod(shape) <= 1:
         return True
+    if kind == INDUCTOR:
+        return all(st != 0 or s == 1 for s, st in zip(shape, strides))
     if kind == MATMUL:
         if len(shape) < 2:
             return _contiguous(shape, strides)

@@ -1,0 +1,214 @@
+"""Inductor lowering: kernel groups compiled by TorchInductor and called from the executable.
+
+The ``inductor`` implementation of :mod:`vtcsearch.core.implementation`.  A
+*region* (one group, or consecutive groups that realization merges) becomes
+an FX graph of the captured ATen ops: a placeholder per input, the ops, and one
+``aten.copy_`` per output into the storage the executable gives it.  That graph
+is compiled by ``torch.compile`` (Inductor, ``max-autotune-no-cudagraphs`` by
+default: its fusion, its autotuned Triton templates and the vendor libraries,
+whichever it measures fastest) once, when the executable is built; the copies
+into the outputs are fused into Inductor's last kernels, so the region writes
+straight into vtcsearch's buffers and the executable's one CUDA graph captures
+it like any other step.
+
+Operands are plain strided tensors: an input whose resolved map is a strided
+view of its storage is passed as that view (Inductor compiles for its
+strides); any other is gathered into a dense buffer first, and an output that
+is not a strided view is written to a dense buffer and scattered after: the
+residual copies the oracles price, the same rule as the library kernels.
+
+:func:`regions` decides which consecutive inductor groups form one region: the
+tensors they pass each other must be physical (a virtual tensor is written
+through its map by its producer), and no group may read a storage that an
+earlier group of the region writes (the region's outputs are written when it
+ends).
+"""
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import torch
+
+from ..core import implementation as im
+from ..core.graph import TensorGraph, kernel_io
+from .kernels import Operand, copy
+from .lowering import Context, Launch, strided_view
+
+if TYPE_CHECKING:
+    from ..core.strategy import Strategy
+
+__all__ = ["MODE", "lower_inductor", "region_graph", "region_ops", "regions"]
+
+aten = torch.ops.aten
+
+MODE = "max-autotune-no-cudagraphs"   # the executable captures one CUDA graph of its own
+
+
+def _storage_strides(op: Operand) -> dict[str, tuple[int, ...]]:
+    return {s: tuple(op.storage_strides(s)) for s in op.map.targets()}
+
+
+def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], outs: Sequence[str],
+                 device: torch.device) -> torch.fx.GraphModule:
+    """``ops`` as an FX graph ``(*ins, *outs) -> None`` that copies each output value into its argument."""
+    fx = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {t: fx.placeholder(f"in_{k}") for k, t in enumerate(ins)}
+    dst = [fx.placeholder(f"out_{k}") for k in range(len(outs))]
+
+    def arg(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            if a.name not in env:
+                raise KeyError(f"region input {a.name} not available")
+            return env[a.name]
+        if isinstance(a, torch.device):
+            return device
+        if isinstance(a, (tuple, list)):
+            return type(a)(arg(x) for x in a)
+        if isinstance(a, dict):
+            return {k: arg(v) for k, v in a.items()}
+        return a
+
+    for name in ops:
+        op = graph.ops[name]
+        node = op.node
+        new = fx.call_function(node.target, arg(node.args), arg(dict(node.kwargs)))
+        if list(op.outputs) == [node.name]:
+            env[node.name] = new
+            continue
+        # a tuple-valued op: its tensor outputs are the getitem users of the captured node
+        index = {u.name: u.args[1] for u in node.users if u.target is operator.getitem}
+        tensor_positions = [i for i, v in enumerate(_values(node)) if v]
+        for k, t in enumerate(op.outputs):
+            i = index.get(t, tensor_positions[k] if k < len(tensor_positions) else k)
+            env[t] = fx.call_function(operator.getitem, (new, i))
+    for t, d in zip(outs, dst):
+        fx.call_function(aten.copy_.default, (d, env[t]))
+    fx.output(None)
+    return torch.fx.GraphModule(torch.nn.Module(), fx)
+
+
+def _values(node: torch.fx.Node) -> list[bool]:
+    """Which positions of a tuple-valued node's result are tensors (from its fake value)."""
+    val = node.meta.get("val")
+    if isinstance(val, (tuple, list)):
+        return [isinstance(v, torch.Tensor) for v in val]
+    return [True]
+
+
+def _read(ctx: Context, t: str) -> tuple[torch.Tensor, Launch | None]:
+    op = ctx.operand(t)
+    if not im.needs_copy(im.INDUCTOR, op.map, _storage_strides(op)):
+        return strided_view(op), None
+    tmp = ctx.scratch(op.shape, ctx.graph.tensors[t].dtype)
+    return tmp, Launch.of(t, "copy", copy(Operand.dense(tmp, "tmp"), op))
+
+
+def _write(ctx: Context, t: str) -> tuple[torch.Tensor, Launch | None]:
+    op = ctx.operand(t)
+    if not im.needs_copy(im.INDUCTOR, op.map, _storage_strides(op)):
+        return strided_view(op), None
+    tmp = ctx.scratch(op.shape, ctx.graph.tensors[t].dtype)
+    return tmp, Launch.of(t, "copy", copy(op, Operand.dense(tmp, "tmp")))
+
+
+def region_ops(graph: TensorGraph, steps: Sequence[str]) -> list[str]:
+    """The ops of a region's steps: a group's ops, or a movement op itself."""
+    return [o for st in steps for o in (graph.groups[st].ops if st in graph.groups else [st])]
+
+
+def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Launch:
+    """``steps`` (one group, or a region :func:`regions` formed) as one Inductor-compiled call on strided
+    operands."""
+    g = ctx.graph
+    for st in steps:
+        if st in g.groups and not im.inductor_can_run(g, g.groups[st]):
+            raise ValueError(f"group {st} ({g.groups[st].kind}) has an op Inductor cannot compile")
+    ops = region_ops(g, steps)
+    ins, outs = kernel_io(g, ops)
+    pre, post, args = [], [], []
+    for t in ins:
+        x, gather = _read(ctx, t)
+        args.append(x)
+        if gather is not None:
+            pre.append(gather)
+    for t in outs:
+        y, scatter = _write(ctx, t)
+        args.append(y)
+        if scatter is not None:
+            post.append(scatter)
+    gm = region_graph(g, ops, ins, outs, ctx.device)
+    compiled = torch.compile(gm, mode=mode, dynamic=False, fullgraph=True)
+
+    def run() -> None:
+        for p in pre:
+            p()
+        compiled(*args)
+        for s in post:
+            s()
+
+    run()   # the build pass: the first call compiles (and autotunes)
+    name = steps[0] if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
+    note = f"{len(steps)} steps" + (f", {len(pre)} gathers, {len(post)} scatters" if pre or post else "")
+    launch = Launch(name, "inductor", [], run, note)
+    launch.library_copies = sum(x.kernels for x in pre + post)   # type: ignore[attr-defined]
+    launch.steps = list(steps)                                   # type: ignore[attr-defined]
+    return launch
+
+
+def _physical(strategy: "Strategy", t: str) -> bool:
+    """``t`` lives in its own storage, laid out as itself."""
+    m = strategy.resolve(t)
+    return m.targets() == {t} and m.is_identity_layout()
+
+
+def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
+            constants: Iterable[str] = ()) -> list[list[str]]:
+    """The schedule ``steps`` cut into runs: consecutive inductor groups (and the copying movement ops between
+    them) form one region; every other step is a run of its own.
+
+    A step joins the open region when every tensor it produces is physical (a
+    virtual one is written through its map by its producer, and Inductor writes
+    values, not maps), and none of its inputs is a tensor other than the
+    region's own values that lives in a storage the region writes: the region's
+    outputs are written when its call ends, so a later step must not read them
+    through a map.  A movement op joins only when it copies (the strategy keeps
+    its output physical) and reads nothing but the region's values: Inductor then
+    makes the copy, usually fused away.  An eliminated movement op emits nothing,
+    and one of ``constants`` only (a weight's transpose, folded at build) runs
+    once: neither cuts a region; a step that reads an eliminated op's virtual
+    output through a region's storage is cut by the rule above.
+    """
+    constants = set(constants)
+    out: list[list[str]] = []
+    region: list[str] | None = None   # the open region (a list in ``out``)
+    writes: set[str] = set()          # storages it writes
+    values: set[str] = set()          # tensors it computes
+    for name in steps:
+        gr = graph.groups.get(name)
+        is_inductor = gr is not None and strategy.implementation(name) == im.INDUCTOR
+        if gr is None and not strategy.residuals_of(name):
+            continue                                   # an eliminated movement op: nothing runs
+        if gr is None and all(t in constants for t in graph.ops[name].inputs):
+            out.append([name])                         # folded once at build: no step at run time
+            continue
+        ops = gr.ops if gr is not None else [name]
+        ins, produced = kernel_io(graph, ops)
+        physical = all(_physical(strategy, t) for o in ops for t in graph.ops[o].outputs)
+        foreign = {s for t in ins if t not in values for s in strategy.resolve(t).targets()}
+        if region is not None and physical and not (foreign & writes) and \
+                (is_inductor or (gr is None and all(t in values for t in ins))):
+            region.append(name)
+        elif not is_inductor:
+            out.append([name])
+            region = None
+            continue
+        else:
+            region = [name]
+            out.append(region)
+            writes, values = set(), set()
+        writes |= {s for t in produced for s in strategy.resolve(t).targets()}
+        values |= {t for o in ops for t in graph.ops[o].outputs}
+        if not physical:
+            region = None
+    return out
