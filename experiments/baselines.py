@@ -109,6 +109,7 @@ class Variant:
     cuda_graph: bool = False
     skipped: str | None = None
     shared_bytes: int = 0        # bytes of a private copy of the model the build makes (not the variant's own)
+    own_bytes: Callable[[], int] | None = None   # what the built variant knows it holds (a vtcsearch executable)
 
 
 def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Callable[[], Any] | None]:
@@ -143,8 +144,9 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
                 peak = int(held + torch.cuda.max_memory_allocated() - base)
                 if held < 0:
                     # the build freed more than it kept (cudagraph trees' pool is not in memory_allocated,
-                    # and their private model copy is released): unknown, never a negative number
-                    peak = None
+                    # and their private model copy is released, or an earlier variant's memory was freed
+                    # mid-build): the variant's own count if it has one, else unknown, never a negative number
+                    peak = int(v.own_bytes() + torch.cuda.max_memory_allocated() - base) if v.own_bytes else None
             m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile)
         m.peak_memory_bytes = peak
         return m, fn

@@ -507,7 +507,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             # realized inside build, so the variant's peak memory counts its own storages
             exes[name] = realize(graph, s, model)
             return exes[name].cuda_graph().replay
-        variants.append(Variant(variant_name(name), build))
+        variants.append(Variant(variant_name(name), build,
+                                own_bytes=lambda name=name: exes[name].allocated_bytes))
     by_variant = {r["variant"]: r for r in rows}
     extra: list[dict[str, Any]] = []
     with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:

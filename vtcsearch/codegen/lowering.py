@@ -55,7 +55,7 @@ class Launch:
     @property
     def kernels(self) -> int:
         """Kernels launched per call (a fallback's are counted by the profiler, not here)."""
-        return len(self.plans)
+        return sum(getattr(p, "kernels", 1) for p, _ in self.plans)
 
     @staticmethod
     def of(name: str, kind: str, plans: Plan | Sequence[Plan] | None) -> "Launch":

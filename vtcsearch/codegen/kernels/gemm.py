@@ -15,11 +15,21 @@ to one tensor and K/V rows straight into the KV caches at a runtime position, th
 RoPE already applied.  A ``Rope`` holds cos/sin operands over [M, head_dim // 2]
 (one row per output row: the map picks the position, e.g. ``cos_table[$pos, i1]`` at
 decode or ``cos_table[i0 % S, i1]`` at prefill) and the column range it applies to.
+
+**Split-K.**  When the output has few tiles (small M and N: LiteMLA's K=8192
+``v @ k^T``, decode GEMMs) the tiled kernel runs on a few SMs, each streaming a
+long K loop.  A split-K configuration (``SPLIT`` > 1) runs ``SPLIT`` programs per
+tile over disjoint K ranges, each storing its fp32 partial sum to a workspace;
+a second kernel adds the partials in a fixed order (deterministic), applies the
+epilogue and stores through the output map.  The autotuner times these next to
+the tiled configurations on a GPU; ``gemm(..., split_k=n)`` forces one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
+
+import torch
 
 from ._lib import ACTIVATIONS
 from .pointwise import index_codes
@@ -103,6 +113,82 @@ def gemm_kernel(@params@, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, 
 """
 
 
+_PARTIAL = """
+@triton.jit
+def gemm_partial_kernel(@params@, ws, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr):
+    @@prologue
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    num_pid_n = tl.cdiv(@N@, BN)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(pid_k * KS, pid_k * KS + KS, BK):
+        rk = k0 + tl.arange(0, BK)
+        @@load_a
+        @@load_b
+        acc = tl.dot(a, b, acc@dot_opts@)
+    wrow = (pid_k * @B@ + pid_b) * @M@ + rm[:, None]
+    tl.store(ws + wrow * @N@ + rn[None, :], acc, mask=(rm[:, None] < @M@) & (rn[None, :] < @N@))
+"""
+
+_REDUCE = """
+@triton.jit
+def gemm_reduce_kernel(@params@, ws, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
+    @@prologue
+    pid = tl.program_id(0)
+    pid_b = tl.program_id(1)
+    num_pid_n = tl.cdiv(@N@, BN)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    wmask = (rm[:, None] < @M@) & (rn[None, :] < @N@)
+    y = tl.zeros((BM, BN), dtype=tl.float32)
+    for s in tl.static_range(SPLIT):
+        wrow = (s * @B@ + pid_b) * @M@ + rm[:, None]
+        y += tl.load(ws + wrow * @N@ + rn[None, :], mask=wmask, other=0.0)
+    @@epilogue
+    @@store
+"""
+
+
+@dataclass
+class SplitPlan(Plan):
+    """Split-K: the partial-sum kernel, then the reduce + epilogue kernel, sharing an fp32 workspace."""
+
+    parts: list[Plan] = field(default_factory=list)
+    workspace: torch.Tensor | None = None
+
+    def launch(self, args: Sequence) -> None:
+        self.last_args = list(args)
+        for p in self.parts:
+            p.launch(list(args) + [self.workspace])
+
+    @property
+    def kernels(self) -> int:
+        return len(self.parts)
+
+
+def _split_configs(M: int, N: int, K: int, B: int, sms: int) -> list[dict]:
+    """Split-K configurations for an output with too few tiles to fill ``sms`` SMs and a long K."""
+    out = []
+    for bm, bn, bk, w, st in ((16, 32, 128, 4, 3), (32, 32, 64, 4, 4), (16, 16, 256, 2, 3)):
+        bm, bn, bk = min(bm, max(16, next_pow2(M))), min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
+        tiles = -(-M // bm) * -(-N // bn) * B
+        if tiles * 2 > sms or K < 8 * bk:
+            continue
+        for split in (2, 4, 8, 16, 32):
+            if tiles * split > 4 * sms or K // split < 2 * bk:
+                break
+            out.append({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 1, "SPLIT": split, "num_warps": w,
+                        "num_stages": st})
+    return out
+
+
 def _configs(M: int, N: int, K: int, gpu: bool) -> list[dict]:
     if not gpu:
         raw = [(16, 32, 32, 4, 1)]
@@ -130,8 +216,8 @@ def _batched(op: Operand, shape: Sequence[int]) -> Operand:
     return op if op.shape == tuple(shape) else op.broadcast_to(shape)
 
 
-def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None) -> Plan:
-    """``out = epilogue(a @ b)``; see the module docstring."""
+def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None) -> Plan:
+    """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits)."""
     ep = epilogue or Epilogue()
     if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
         raise ValueError("gemm takes 2-d or 3-d operands")
@@ -163,6 +249,10 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None)
         raise ValueError(f"unknown activation {ep.activation!r}")
     gpu = not interpreting() and out.device.type == "cuda"
     configs = _configs(M, N, K, gpu)
+    if split_k is not None and split_k > 1:
+        configs = [dict(configs[0], GROUP_M=1, SPLIT=split_k)]
+    elif gpu:
+        configs += _split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
     base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature())
     dot_dt = tl_dtype(a.dtype) if a.dtype == b.dtype and a.dtype.is_floating_point else "tl.float32"
     if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
@@ -171,12 +261,15 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None)
 
     def build(cfg: dict) -> Plan:
         BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
+        split = cfg.get("SPLIT", 1)
+        KS = -(-(-(-K // split)) // BK) * BK          # each split's K range: whole BK steps
+        ragged_k = K % BK or (split > 1 and KS * split != K)
         bidx = ["pid_b"] if batched else []
         bblk = [("pid_b", 1)] if batched else []
         ios = {"a": IO(a, "a"), "b": IO(b, "b"), "out": IO(out, "out")}
         mrow = f"(rm[:, None] < {M})" if M % BM else None
-        mk_a = f"(rk[None, :] < {K})" if K % BK else None
-        mk_b = f"(rk[:, None] < {K})" if K % BK else None
+        mk_a = f"(rk[None, :] < {K})" if ragged_k else None
+        mk_b = f"(rk[:, None] < {K})" if ragged_k else None
         ncol = f"(rn[None, :] < {N})" if N % BN else None
         join = lambda *ms: " & ".join(m for m in ms if m) or None  # noqa: E731
         load_a = ios["a"].load("a", bidx + ["rm[:, None]", "rk[None, :]"], shape="(BM, BK)",
@@ -226,13 +319,27 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None)
         for io in ios.values():
             params += io.params()
             prologue += io.prologue()
+        tiles = -(-M // BM) * -(-N // BN)
+        modes = {k: io.modes for k, io in ios.items()}
+        if split > 1:
+            dims = dict(params=params, prologue=prologue, M=str(M), N=str(N), B=str(B))
+            psrc = render(_PARTIAL, **dims, load_a=load_a, load_b=load_b, dot_opts=dot_opts)
+            rsrc = render(_REDUCE, **dims, epilogue=epi, store=store)
+            opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
+            part = Plan("gemm_partial", compile_source("gemm_partial_kernel", psrc), (tiles, B, split),
+                        {"BM": BM, "BN": BN, "BK": BK, "KS": KS}, opts, psrc, modes, cfg)
+            red = Plan("gemm_reduce", compile_source("gemm_reduce_kernel", rsrc), (tiles, B),
+                       {"BM": BM, "BN": BN, "SPLIT": split}, {"num_warps": 4}, rsrc, modes, cfg)
+            ws = torch.empty(split * B * M * N, dtype=torch.float32, device=out.device)
+            return SplitPlan("gemm", None, (tiles, B, split), {}, {}, psrc + rsrc, modes, cfg,
+                             parts=[part, red], workspace=ws)
         src = render(_TEMPLATE, params=params, prologue=prologue, M=str(M), N=str(N), K=str(K),
                      load_a=load_a, load_b=load_b, epilogue=epi, store=store, dot_opts=dot_opts)
         kern = compile_source("gemm_kernel", src)
-        grid = (-(-M // BM) * -(-N // BN), B if batched else 1)
+        grid = (tiles, B if batched else 1)
         constexprs = {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
         options = {k: cfg[k] for k in ("num_warps", "num_stages")}
-        return Plan("gemm", kern, grid, constexprs, options, src, {k: io.modes for k, io in ios.items()}, cfg)
+        return Plan("gemm", kern, grid, constexprs, options, src, modes, cfg)
 
     extra = [x for x in (bias,) if x is not None]
     if rope is not None:
