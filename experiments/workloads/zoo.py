@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -389,7 +389,7 @@ def first_line(e: BaseException) -> str:
 
 
 def check_case(model: str, *, size: str = "tiny", batch: int = 1, device: str = "cpu", dtype=None,
-               solver: str = "ilp") -> dict[str, Any]:
+               solver: str = "ilp", implementations: Sequence[str] | None = None) -> dict[str, Any]:
     """Compile zoo case ``model`` with ``vtcsearch.compile`` and compare one call with eager.
 
     Returns a record: ok (outputs and mutated buffers within the dtype's tolerance), error (first line,
@@ -413,7 +413,7 @@ def check_case(model: str, *, size: str = "tiny", batch: int = 1, device: str = 
             b.copy_(saved[n])
         stage = "compile"
         t0 = time.perf_counter()
-        fast = vtcsearch.compile(w.model, w.example_inputs, solver=solver)
+        fast = vtcsearch.compile(w.model, w.example_inputs, solver=solver, implementations=implementations)
         rec["compile_s"] = round(time.perf_counter() - t0, 2)
         summ = fast.executable.summary()
         rec.update(kernels=summ["kernels"], fallbacks=sorted(set(map(str, summ["fallbacks"]))),
@@ -453,10 +453,10 @@ def _leaves(x: Any) -> list[torch.Tensor]:
 
 
 def check_isolated(model: str, *, size: str = "tiny", timeout_s: float = 900.0, solver: str = "ilp",
-                   batch: int = 1) -> dict[str, Any]:
+                   batch: int = 1, implementations: Sequence[str] | None = None) -> dict[str, Any]:
     """``check_case`` in a fresh Python process, so a crash (segfault) or a hang is a failed row, not a lost run."""
     cmd = [sys.executable, "-m", "experiments.workloads.zoo", "--one", model, "--size", size, "--solver", solver,
-           "--batch", str(batch)]
+           "--batch", str(batch)] + (["--implementations", ",".join(implementations)] if implementations else [])
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     t0 = time.perf_counter()
@@ -495,15 +495,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size", default="tiny", choices=("tiny", "full"))
     ap.add_argument("--models", default="", help="comma-separated case names (default: all)")
     ap.add_argument("--solver", default="ilp")
+    ap.add_argument("--implementations", default="", help="comma-separated kernel implementations the search "
+                    "may choose (triton,library,inductor); default: triton")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per model")
     ap.add_argument("--jobs", type=int, default=1, help="models checked at once (each in its own process)")
     ap.add_argument("--json", default="", help="also write the records to this JSON file")
     ap.add_argument("--one", default="", help=argparse.SUPPRESS)   # used by check_isolated
     a = ap.parse_args(argv)
+    impls = tuple(i for i in a.implementations.split(",") if i) or None
     if a.one:
         device = "cuda" if a.size == "full" and torch.cuda.is_available() else "cpu"
-        rec = check_case(a.one, size=a.size, batch=a.batch, device=device, solver=a.solver)
+        rec = check_case(a.one, size=a.size, batch=a.batch, device=device, solver=a.solver, implementations=impls)
         print("ZOO-RESULT " + json.dumps(rec), flush=True)
         return 0
     names = [n for n in a.models.split(",") if n] or list(CASES)
@@ -511,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     done: dict[str, dict[str, Any]] = {}
 
     def one(n: str) -> None:
-        rec = done[n] = check_isolated(n, size=a.size, timeout_s=a.timeout, solver=a.solver, batch=a.batch)
+        rec = done[n] = check_isolated(n, size=a.size, timeout_s=a.timeout, solver=a.solver, batch=a.batch,
+                                       implementations=impls)
         print(f"{n:24s} {'pass' if rec.get('ok') else 'FAIL'} {rec.get('compile_s')} s  {rec.get('error') or ''}",
               flush=True)
         if a.json:
