@@ -61,15 +61,24 @@ def test_sdpa_runs_in_the_attention_template(causal, gqa):
     torch.testing.assert_close(fast(q, k, v), m(q, k, v), rtol=1e-4, atol=1e-4)
 
 
-def test_sdpa_with_a_mask_is_one_op_not_its_math():
+@pytest.mark.parametrize("kind", ["additive", "bool", "per_head", "gqa"])
+def test_sdpa_with_a_mask_runs_in_the_attention_template(kind):
+    """SDPA with an explicit attn_mask (additive -inf, boolean, one per head, with GQA) is one op, lowered to
+    the attention template with the mask read tile by tile through its map (no fallback)."""
     torch.manual_seed(0)
-    q, k, v = torch.randn(1, 4, 2, 16), torch.randn(1, 4, 8, 16), torch.randn(1, 4, 8, 16)
-    mask = torch.zeros(1, 1, 2, 8)
-    mask[..., 6:] = float("-inf")
-    m = SDPA()
+    hk = 2 if kind == "gqa" else 4
+    q, k, v = torch.randn(1, 4, 2, 16), torch.randn(1, hk, 40, 16), torch.randn(1, hk, 40, 16)
+    if kind == "bool":
+        mask = torch.rand(1, 1, 2, 40) > 0.3
+        mask[..., 0] = True
+    else:
+        mask = torch.randn(1, 4 if kind == "per_head" else 1, 2, 40)
+        mask[..., 33:] = float("-inf")
+    m = SDPA(gqa=kind == "gqa")
     g = capture(m, (q, k, v, mask))
     assert [o.target_name for o in g.ops.values() if o.kind == "compute"] == ["scaled_dot_product_attention.default"]
     fast = compiled(m, (q, k, v, mask))
+    assert lowerings(fast).get("attention") == 1 and not fast.executable.summary()["fallbacks"]
     torch.testing.assert_close(fast(q, k, v, mask), m(q, k, v, mask), rtol=1e-4, atol=1e-4)
 
 

@@ -64,8 +64,8 @@ def _dense_output(ctx: Context, t: str, kind: str) -> tuple[torch.Tensor, Launch
 
 
 def _product(ctx: Context, group: Group, env: dict[str, torch.Tensor], out: torch.Tensor) -> Callable[[], None]:
-    """The library call writing the product into ``out``."""
-    if group.kind == ATTENTION:
+    """The library call writing the product into ``out`` (a captured SDPA call runs as it is)."""
+    if group.kind == ATTENTION and not group.info.get("sdpa"):   # the matched math form: q, k^T, v as 3-d
         i = group.info
         B, H, scale = i["batch"], i["heads"], i["scale"]
         q, kt, v = env[i["q"]], env[i["kt"]], env[i["v"]]

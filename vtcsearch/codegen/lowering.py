@@ -184,9 +184,6 @@ def lower_matmul(ctx: Context, group: Group) -> Launch:
 def _lower_sdpa(ctx: Context, group: Group) -> Launch:
     """One ``scaled_dot_product_attention`` op: q/k/v [B, H, S, D]; GQA when K/V have fewer heads."""
     info = group.info
-    if info["mask"] is not None:
-        raise Unsupported("scaled_dot_product_attention with an explicit attn_mask tensor (no mask operand in the "
-                          "attention template)")
     if info["dropout"]:
         raise Unsupported("scaled_dot_product_attention with dropout")
     q, k, v, out = (ctx.operand(info[n]) for n in ("q", "k", "v", "out"))
@@ -200,7 +197,13 @@ def _lower_sdpa(ctx: Context, group: Group) -> Launch:
     if info["causal"] and sq != skv:
         # SDPA's is_causal is top-left aligned; the template's bottom-right (a KV cache): equal only when square
         raise Unsupported("scaled_dot_product_attention is_causal with Sq != Skv")
-    return Launch.of(group.name, "attention", attention(q, k, v, out, scale=info["scale"], causal=info["causal"]))
+    mask = ctx.operand(info["mask"]) if info["mask"] is not None else None
+    if mask is not None and (mask.ndim > 4 or mask.shape[-1] != skv):
+        raise Unsupported(f"scaled_dot_product_attention with an attn_mask of shape {mask.shape}")
+    if mask is not None and mask.ndim < 4:
+        mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
+    return Launch.of(group.name, "attention", attention(q, k, v, out, scale=info["scale"], causal=info["causal"],
+                                                        mask=mask))
 
 
 @lowering(ATTENTION)

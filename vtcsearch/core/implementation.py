@@ -115,7 +115,7 @@ def library_operands(graph: "TensorGraph", group: Group) -> tuple[list[str], lis
     The epilogue (the rest of the group) runs after it as an elementwise kernel
     through the maps, so its own operands need nothing.
     """
-    if group.kind == ATTENTION:
+    if group.kind == ATTENTION and not group.info.get("sdpa"):
         i = group.info
         return [i["q"], i["kt"], i["v"]], [i["out"]]
     op = library_op(graph, group)

@@ -17,7 +17,10 @@ once per KV head.
 * ``softcap``: ``s = softcap * tanh(s / softcap)`` after scaling (Gemma 2);
 * ``kv_len``: valid keys ``[0, kv_len)``: an int, or an integer tensor of one
   element or of ``B`` elements (read on the device, so a CUDA graph can replay
-  with a new length); default ``Skv``.
+  with a new length); default ``Skv``;
+* ``mask``: an explicit mask operand broadcastable to [B, Hq, Sq, Skv] (SDPA's
+  ``attn_mask``: boolean, True = attend; or additive, added to the scaled
+  scores), read through its map tile by tile like the keys.
 
 Decode-shaped problems (few query rows) split the key sequence over programs
 (FlashDecoding); a small combine kernel merges the partial results through
@@ -175,13 +178,15 @@ def _splits(n_prog: int, skv: int, block_n: int, sq: int, gpu: bool) -> int:
 def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float | None = None,
               causal: bool = False, window: int | None = None, softcap: float | None = None,
               kv_len: int | torch.Tensor | None = None, group: int | None = None,
-              num_splits: int | None = None) -> list[Plan]:
+              num_splits: int | None = None, mask: Operand | None = None) -> list[Plan]:
     """Scaled dot-product attention; see the module docstring.  Returns the plans launched."""
     B, HQ, SQ, D = q.shape
     Bk, HK, SKV, Dk = k.shape
     DV = v.shape[-1]
     if Dk != D or tuple(v.shape[:3]) != (Bk, HK, SKV) or Bk != B or tuple(out.shape) != (B, HQ, SQ, DV):
         raise ValueError(f"attention shapes q {q.shape} k {k.shape} v {v.shape} out {out.shape}")
+    if mask is not None:
+        mask = mask.broadcast_to((B, HQ, SQ, SKV))
     G, by_qhead = kv_group(q, k, v, group)
     HG = HQ // G
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
@@ -220,7 +225,8 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         kvlen_arg, kvlen_code = 0, f"L = {L}"
     kvkind = "t%d" % kv_len.numel() if isinstance(kv_len, torch.Tensor) else repr(kv_len)
     opts = (scale, causal, window, softcap, kvkind, G, by_qhead)
-    base_key = key_of("attention", q.signature(), k.signature(), v.signature(), out.signature(), opts)
+    base_key = key_of("attention", q.signature(), k.signature(), v.signature(), out.signature(), opts,
+                      mask.signature() if mask is not None else None)
     pdt = tl_dtype(v.dtype) if v.dtype.is_floating_point else "tl.float32"
     qdt = tl_dtype(q.dtype) if q.dtype == k.dtype and q.dtype.is_floating_point else "tl.float32"
     ieee = ', input_precision="ieee"' if gpu else ""
@@ -231,6 +237,8 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         BN, SPL = cfg["BLOCK_N"], cfg["splits"]
         chunk = -(-(-(-SKV // SPL)) // BN) * BN
         ios = {"q": IO(q, "q"), "k": IO(k, "k"), "v": IO(v, "v")}
+        if mask is not None:
+            ios["am"] = IO(mask, "am")
         if SPL == 1:
             ios["out"] = IO(out, "out")
         kh = "kvh * %d" % G if by_qhead else "kvh"
@@ -246,14 +254,19 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         load_v = ios["v"].load("v", ["b", kh, "n[:, None]", "dv[None, :]"], shape="(BLOCK_N, BLOCK_DV)",
                                mask=" & ".join(x for x in ("n_ok[:, None]", dvmask) if x),
                                block=[("b", 1), (kh, 1), ("n0", BN), ("0", BLOCK_DV)], dtype=pdt)
-        bounds, mask = [], []
+        bounds, mlines = [], []
         if causal:
             bounds.append(f"hi = tl.minimum(hi, pid_m * BLOCK_MQ + BLOCK_MQ + (L - {SQ}))")
-            mask.append("valid = valid & (n[None, :] <= q_pos[:, None])")
+            mlines.append("valid = valid & (n[None, :] <= q_pos[:, None])")
         if window is not None:
             bounds.append(f"lo = tl.maximum(lo, (tl.maximum(pid_m * BLOCK_MQ + (L - {SQ}) - {int(window) - 1}, 0)"
                           f" // BLOCK_N) * BLOCK_N)")
-            mask.append(f"valid = valid & ((q_pos[:, None] - n[None, :]) < {int(window)})")
+            mlines.append(f"valid = valid & ((q_pos[:, None] - n[None, :]) < {int(window)})")
+        if mask is not None:   # SDPA's attn_mask for this tile of rows (query heads x positions) and keys
+            mlines += ios["am"].load("am", ["b", "qh[:, None]", "mq[:, None]", "n[None, :]"], shape="(ROWS, BLOCK_N)",
+                                   mask="row_ok[:, None] & n_ok[None, :]",
+                                   dtype=None if mask.dtype == torch.bool else "tl.float32")
+            mlines.append("valid = valid & (am != 0)" if mask.dtype == torch.bool else "s = s + am")
         soft = [f"s = vtc_softcap(s, {float(softcap)!r})"] if softcap else []
         omask = " & ".join(x for x in ("row_ok[:, None]", dvmask) if x)
         if SPL == 1:
@@ -272,7 +285,7 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
             prologue += io.prologue()
         src = render(_MAIN, params=params, prologue=prologue, HG=str(HG), G=str(G), SQ=str(SQ),
                      CHUNK=str(chunk), kvlen=[kvlen_code], bounds=bounds, load_q=load_q, load_k=load_k,
-                     load_v=load_v, SCALE=repr(scale), softcap=soft, mask=mask, PDT=pdt, store=store,
+                     load_v=load_v, SCALE=repr(scale), softcap=soft, mask=mlines, PDT=pdt, store=store,
                      DOT=ieee if qdt == "tl.float32" else "", DOTV=ieee if pdt == "tl.float32" else "")
         kern = compile_source("attn_kernel", src)
         constexprs = {"BLOCK_N": BN, "BLOCK_MQ": BLOCK_MQ, "ROWS": ROWS, "BLOCK_D": BLOCK_D, "BLOCK_DV": BLOCK_DV}
@@ -300,7 +313,7 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
             ps.append(plan_cache(ck + ":combine", lambda: build_combine(cfg)))
         return ps
 
-    qkv_args = q.kernel_args() + k.kernel_args() + v.kernel_args()
+    qkv_args = q.kernel_args() + k.kernel_args() + v.kernel_args() + (mask.kernel_args() if mask is not None else [])
 
     def launch(cfg: dict) -> list[Plan]:
         ps = plans(cfg)
