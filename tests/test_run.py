@@ -43,7 +43,7 @@ ROW_TYPES = {
     "virtual_tensors": OPT_INT, "eliminated_ops": OPT_INT, "residual_copies": OPT_INT, "solver_status": OPT_STR,
     "solve_wall_s": OPT_NUM, "oracle_calls": OPT_INT, "unit_queries": OPT_INT, "measurements": OPT_INT,
     "numerics_ok": OPT_BOOL, "numerics_size": OPT_STR, "numerics_rel_err": OPT_NUM, "numerics_max_abs_err": OPT_NUM,
-    "floor_us": OPT_NUM, "x_floor": OPT_NUM,
+    "floor_us": OPT_NUM, "x_floor": OPT_NUM, "implementations": OPT_STR, "fallbacks": OPT_INT, "build_s": OPT_NUM,
 }
 TOP_TYPES = {
     "schema_version": int, "name": str, "description": str, "config_path": OPT_STR, "command": str, "date": str,

@@ -233,13 +233,15 @@ def markdown(summary: dict[str, Any]) -> str:
     solved = [r for r in summary["rows"] if r["kind"] == VariantKind.VTCSEARCH and r["status"] == "ok"]
     if solved:
         lines += ["## Search", "", "| case | batch | solver | predicted us | objective | virtual tensors | "
-                  "residual copies | status | wall s | oracle calls | unit queries | measurements |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "residual copies | implementations (not Triton) | fallbacks | status | wall s | oracle calls | "
+                  "unit queries | measurements | build s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in solved:
             lines.append(f"| {r['case']} | {r['batch']} | {r['solver']} | {_fmt(r['predicted_latency_us'])} | "
                          f"{_fmt(r['objective'], '.4g')} | {r['virtual_tensors']} | {r['residual_copies']} | "
+                         f"{r.get('implementations') or '-'} | {_fmt(r.get('fallbacks'), 'd')} | "
                          f"{r['solver_status']} | {_fmt(r['solve_wall_s'], '.2f')} | {r['oracle_calls']} | "
-                         f"{r['unit_queries']} | {r['measurements']} |")
+                         f"{r['unit_queries']} | {r['measurements']} | {_fmt(r.get('build_s'), '.1f')} |")
         lines.append("")
 
     if summary["numerics"]:

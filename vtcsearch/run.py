@@ -159,6 +159,12 @@ class RunContext:
         return b
 
 
+def implementation_counts(strategy) -> str:
+    """``"library 3, inductor 2"``: how many kernel groups run other than as the Triton template ("" if none)."""
+    from collections import Counter
+    return ", ".join(f"{impl} {n}" for impl, n in sorted(Counter(strategy.impl.values()).items()))
+
+
 def make_objective(cfg: Config):
     from cost_models import Objective
     cap = int(cfg.memory_cap_gib * 2 ** 30) if cfg.memory_cap_gib is not None else None
@@ -389,6 +395,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                    movement_us=sum(r["seconds"] for r in kern if r["kind"] == "copy") * 1e6,
                    compute_us=sum(r["seconds"] for r in kern if r["kind"] != "copy") * 1e6,
                    virtual_tensors=len(s.virtual), eliminated_ops=len(s.eliminated_ops()),
+                   implementations=implementation_counts(s),
                    residual_copies=len(s.residuals), solver_status=res.status, solve_wall_s=res.wall_s,
                    oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
         for r in ev.rows:
@@ -468,7 +475,8 @@ def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, ro
             for row in rows:
                 if row.get("solver") == name:
                     row.update(numerics_ok=rec.get("ok"), numerics_size=f"{n.size}/bs{nb}",
-                               numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
+                               numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"),
+                               fallbacks=rec.get("fallbacks"))
 
 
 def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows,
@@ -492,6 +500,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             b.copy_(saved[n])
 
     exes: dict[str, Any] = {}
+    build_s: dict[str, float] = {}      # solver -> seconds to realize (compile and autotune every kernel)
     variants: list[Variant] = []
     base_names = list(cfg.baselines)
     for name in base_names:
@@ -505,7 +514,9 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
 
         def build(name=name, s=res.strategy):
             # realized inside build, so the variant's peak memory counts its own storages
+            t0 = time.perf_counter()
             exes[name] = realize(graph, s, model)
+            build_s[name] = time.perf_counter() - t0
             return exes[name].cuda_graph().replay
         variants.append(Variant(variant_name(name), build,
                                 own_bytes=lambda name=name: exes[name].allocated_bytes))
@@ -530,6 +541,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                 log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
                     f"{m.kernels} kernels ({m.movement_kernels} movement)")
             name = solver_of(var.name)
+            if name in exes:
+                row.update(fallbacks=len(exes[name].summary()["fallbacks"]), build_s=build_s.get(name))
             where = {"case": label, "batch": batch, "variant": var.name}
             if name in exes and cfg.breakdown.steps:
                 ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]

@@ -41,7 +41,7 @@ ROW_FIELDS = (
     "virtual_tensors", "eliminated_ops", "residual_copies",
     "solver_status", "solve_wall_s", "oracle_calls", "unit_queries", "measurements",
     "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err",
-    "floor_us", "x_floor",
+    "floor_us", "x_floor", "implementations", "fallbacks", "build_s",
 )
 # steps.csv and conv_layers.csv (breakdown.steps / breakdown.conv_layers, GPU only)
 STEP_FIELDS = ("case", "batch", "variant", "step", "step_kind", "lowering", "measured_us", "floor_us", "x_floor",
@@ -50,7 +50,7 @@ CONV_FIELDS = ("case", "batch", "variant", "kernel", "x", "w", "stride", "paddin
                "triton_us", "cudnn_us", "x_cudnn", "error")
 INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",
               "movement_kernels", "virtual_tensors", "eliminated_ops", "residual_copies", "oracle_calls",
-              "unit_queries", "measurements")
+              "unit_queries", "measurements", "fallbacks")
 NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
                    "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
                    "copy_kernels", "fallbacks", "same_strategy_as", "error")
