@@ -176,16 +176,19 @@ class AnalyticalOracle(CostOracle):
         t_idx = (read.index_ops + write.index_ops) / hw.int_ops
         geo = Geometry("copy") if spec.kind != "kernel" else self.geometry(spec)
         peak = hw.peak(spec.compute_dtype, spec.tensor_core) if spec.flops else 0.0
-        through_maps = False
+        through_maps = pieces = False
         if spec.tensor_core and spec.flops:   # Triton templates against the library's peak, worse through maps
             peak *= hw.eff("triton", geo.kind if geo.kind != "copy" else _kind(spec))
             through_maps = any(strided_view_strides(o.map, strides) is None for o in spec.operands)
+            if through_maps:
+                peak *= hw.eff("triton", "maps")
+            pieces = any(len(o.map.pieces) > 1 for o in spec.operands if o.role == "r")
         t_mem, t_comp, t_serial, body = self._body(geo, "triton", dram, l2, spec.flops, peak, t_idx)
-        if through_maps:
-            body /= hw.eff("triton", "maps")
+        if pieces:   # piece predicates inside the K loop: the whole kernel slows, not just its FLOPs
+            body /= hw.eff("triton", "pieces")
         seconds = body + hw.launch_s
         detail: dict[str, Any] = {"t_mem": t_mem, "t_compute": t_comp, "t_serial": t_serial, "dram_bytes": dram,
-                                  "l2_bytes": l2, "through_maps": through_maps,
+                                  "l2_bytes": l2, "through_maps": through_maps, "pieces": pieces,
                                   "min_run_bytes": min([x for x in (read.min_run_bytes, write.min_run_bytes) if x],
                                                        default=0)}
         return UnitCost(seconds, bytes=read.bytes + write.bytes, flops=spec.flops, detail=detail)

@@ -102,8 +102,10 @@ class Hardware:
 # (Triton GEMMs ~85% of cuBLAS, Triton convs ~half of cuDNN and half again through maps, issue 12).
 #
 # Kinds: matmul, attention, conv (dense), conv_grouped (1 < groups, not depthwise), conv_depthwise (one input
-# channel per group); "triton/maps": the factor of a Triton tensor-core kernel that reads an operand through
-# a map that is not a strided view (piece predicates, div/mod in the K loop), on its whole time.
+# channel per group); "triton/maps": the extra factor on the FLOP rate of a Triton tensor-core kernel that
+# reads an operand through a map that is not a strided view (div/mod, expand); "triton/pieces": the factor
+# on its whole time when an input's map has several pieces (predicates in the K loop: LiteMLA's bmm
+# through the pad map ran 1.9x slower on the H200, bandwidth-bound, not compute-bound).
 # "library/program": a library kernel's per-program streaming bandwidth, as a fraction of
 # Hardware.program_bandwidth; "library/gather": the efficiency of the residual copies a library kernel
 # needs (gathers/scatters) relative to a copy kernel of the same traffic.
@@ -113,7 +115,7 @@ EFFICIENCY: dict[str, float] = {
     "library/conv_grouped": 0.05, "library/conv_depthwise": 0.02,
     "triton/matmul": 0.85, "triton/conv": 0.5, "triton/attention": 0.8,
     "triton/conv_grouped": 0.25, "triton/conv_depthwise": 0.01,
-    "triton/maps": 0.5, "library/program": 1.0, "library/gather": 1.0,
+    "triton/maps": 0.5, "triton/pieces": 0.5, "library/program": 1.0, "library/gather": 1.0,
 }
 
 # Hardware fields a calibration file may set (experiments.calibrate --from-db fits them)
