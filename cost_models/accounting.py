@@ -199,6 +199,11 @@ class Traffic:
     l2_bytes: float = 0.0      # repeated reads of the same elements (served by L2)
     index_ops: float = 0.0     # extra integer ops for the map (div/mod, lookups, piece predicates)
     min_run_bytes: int = 0     # shortest contiguous run over the pieces
+    swapped_dram: float = 0.0  # the part of dram_bytes coalesced only in the swapped 2-D orientation
+
+    def copy(self) -> "Traffic":
+        return Traffic(self.elements, self.distinct, self.bytes, self.dram_bytes, self.l2_bytes, self.index_ops,
+                       self.min_run_bytes, self.swapped_dram)
 
     def __iadd__(self, o: "Traffic") -> "Traffic":
         self.elements += o.elements
@@ -207,6 +212,7 @@ class Traffic:
         self.dram_bytes += o.dram_bytes
         self.l2_bytes += o.l2_bytes
         self.index_ops += o.index_ops
+        self.swapped_dram += o.swapped_dram
         runs = [r for r in (self.min_run_bytes, o.min_run_bytes) if r > 0]
         self.min_run_bytes = min(runs) if runs else 0
         return self
@@ -318,11 +324,20 @@ class TrafficModel:
 
     def __init__(self, sector: int = 32, coalesce: int = 128,
                  short_run_penalty: float = 0.25, exact_limit: int = 1 << 12, tile2d: bool = True,
-                 fast: bool = True):
+                 fast: bool = True, swap_read_penalty: float = 1.0, swap_write_penalty: float = 1.0,
+                 tile2d_pieces: bool = True):
         """``fast``: affine pieces without predicates take the numeric path (:func:`affine_coefs`);
-        ``False`` computes everything symbolically (the reference the tests compare with)."""
+        ``False`` computes everything symbolically (the reference the tests compare with).
+
+        ``swap_read_penalty`` / ``swap_write_penalty``: the DRAM-bytes factor of an access (read / write)
+        whose runs exist only in the swapped orientation of a 2-D tile (a transpose absorbed by tiling is
+        not free on the GPU: measured ~2-3x for reads, ~10x for stores on the H200).  ``tile2d_pieces``:
+        whether a map of several pieces gets the swapped orientation at all (Triton loses the contiguity
+        of a predicated multi-piece load).  The defaults (1.0, 1.0, True) are the old, neutral model."""
         self.tile2d = tile2d
         self.fast = fast
+        self.swap_penalty = {False: swap_read_penalty, True: swap_write_penalty}
+        self.tile2d_pieces = tile2d_pieces
         self.sector, self.coalesce = sector, coalesce
         self.short_run_penalty = short_run_penalty
         self.exact_limit = exact_limit
@@ -333,39 +348,45 @@ class TrafficModel:
         self._swapped: dict[tuple, int] = {}
         self._by_pieces: dict[tuple, Traffic] = {}
 
-    def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
-        """Traffic of accessing every element of ``m``'s domain once, in row-major order."""
-        hit = self._maps.get((id(m), itemsize))
+    def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]],
+               write: bool = False) -> Traffic:
+        """Traffic of accessing every element of ``m``'s domain once, in row-major order (``write``: a
+        store, which pays ``swap_write_penalty`` instead of ``swap_read_penalty``)."""
+        write = bool(write) and self.swap_penalty[True] != self.swap_penalty[False]
+        hit = self._maps.get((id(m), itemsize, write))
         if hit is not None and hit[0] is m:
-            t = hit[1]
-            return Traffic(t.elements, t.distinct, t.bytes, t.dram_bytes, t.l2_bytes, t.index_ops, t.min_run_bytes)
+            return hit[1].copy()
         # maps rebuilt per query (residual copies) repeat: remember by content, not identity
-        ckey = (m.shape, m.pieces, itemsize, tuple(sorted((t, tuple(strides[t])) for t in m.targets())))
+        ckey = (m.shape, m.pieces, itemsize, write, tuple(sorted((t, tuple(strides[t])) for t in m.targets())))
         out = self._by_pieces.get(ckey)
         if out is None:
-            out = self._by_pieces[ckey] = self._access(m, itemsize, strides)
-        self._maps[(id(m), itemsize)] = (m, out)
-        return Traffic(out.elements, out.distinct, out.bytes, out.dram_bytes, out.l2_bytes, out.index_ops,
-                       out.min_run_bytes)
+            out = self._by_pieces[ckey] = self._access(m, itemsize, strides, write)
+        self._maps[(id(m), itemsize, write)] = (m, out)
+        return out.copy()
 
-    def _access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> Traffic:
+    def _access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]],
+                write: bool = False) -> Traffic:
         out = Traffic()
+        tile2d = self.tile2d and (self.tile2d_pieces or len(m.pieces) == 1)
+        penalty = self.swap_penalty[write]
         for p in m.pieces:
             n = region_size(p.region)
             if p.target is not None and n and self.fast and not p.conds:
                 st = tuple(strides[p.target])
                 coefs = affine_coefs(p, st)
                 if coefs is not None:
-                    out += self._affine_piece(p, coefs, m.shape, n, itemsize)
+                    out += self._affine_piece(p, coefs, m.shape, n, itemsize, tile2d, penalty)
                     continue
             run = self._run(p, strides, m)
             if p.target is None or n == 0:
                 continue
-            if self.tile2d and run * itemsize < self.coalesce:
+            swapped = False
+            if tile2d and run * itemsize < self.coalesce:
                 skey = (p, tuple(strides[p.target]), m.shape)
                 sw = self._swapped.get(skey)
                 if sw is None:
                     sw = self._swapped[skey] = _swapped_run(m, p, strides)
+                swapped = sw > run
                 run = max(run, sw)
             count, distinct, run_el, ops = self._piece_stats(p, run, tuple(strides[p.target]))
             if count == 0:
@@ -374,37 +395,46 @@ class TrafficModel:
             factor = math.ceil(rb / self.sector) * self.sector / rb
             if rb < self.coalesce:
                 factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
+            if swapped:
+                factor *= penalty
             t = Traffic(elements=count, distinct=distinct, bytes=count * itemsize,
                         dram_bytes=distinct * itemsize * factor,
-                        l2_bytes=(count - distinct) * itemsize, index_ops=ops * count, min_run_bytes=rb)
+                        l2_bytes=(count - distinct) * itemsize, index_ops=ops * count, min_run_bytes=rb,
+                        swapped_dram=distinct * itemsize * factor if swapped else 0.0)
             out += t
         if len([p for p in m.pieces if p.target is not None]) > 1:
             out.index_ops += 2.0 * (len(m.pieces) - 1) * out.elements  # piece predicates and selects
         return out
 
     def _affine_piece(self, p: Piece, coefs: tuple[int, ...], shape: tuple[int, ...], n: int,
-                      itemsize: int) -> Traffic:
+                      itemsize: int, tile2d: bool = True, penalty: float = 1.0) -> Traffic:
         """The traffic of an affine piece without predicates, numerically (same numbers as the symbolic
         path: ``_run`` / ``_swapped_run`` / ``_piece_stats``; tests compare on random maps)."""
-        key = (coefs, p.region, shape, itemsize)
+        key = (coefs, p.region, shape, itemsize, tile2d, penalty)
         hit = self._affine.get(key)
         if hit is None:
             region = p.region
             run = affine_run(coefs, region, shape)
-            if self.tile2d and run * itemsize < self.coalesce and len(region) >= 2 \
+            swapped = False
+            if tile2d and self.tile2d and run * itemsize < self.coalesce and len(region) >= 2 \
                     and region[-1][1] - region[-1][0] > 1 and region[-2][1] - region[-2][0] > 1:
-                run = max(run, affine_run(coefs[:-2] + (coefs[-1], coefs[-2]),
-                                          region[:-2] + (region[-1], region[-2]), shape[:-2] + (shape[-1], shape[-2])))
+                sw = affine_run(coefs[:-2] + (coefs[-1], coefs[-2]),
+                                region[:-2] + (region[-1], region[-2]), shape[:-2] + (shape[-1], shape[-2]))
+                swapped = sw > run
+                run = max(run, sw)
             distinct = math.prod(hi - lo for c, (lo, hi) in zip(coefs, region) if c != 0 and hi - lo != 1)
             distinct = min(n, max(distinct, 1))
             rb = max(1, run) * itemsize
             factor = math.ceil(rb / self.sector) * self.sector / rb
             if rb < self.coalesce:
                 factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
-            hit = self._affine[key] = (distinct, factor, rb)
-        distinct, factor, rb = hit
+            if swapped:
+                factor *= penalty
+            hit = self._affine[key] = (distinct, factor, rb, swapped)
+        distinct, factor, rb, swapped = hit
         return Traffic(elements=n, distinct=distinct, bytes=n * itemsize, dram_bytes=distinct * itemsize * factor,
-                       l2_bytes=(n - distinct) * itemsize, index_ops=0.0, min_run_bytes=rb)
+                       l2_bytes=(n - distinct) * itemsize, index_ops=0.0, min_run_bytes=rb,
+                       swapped_dram=distinct * itemsize * factor if swapped else 0.0)
 
     def _run(self, p: Piece, strides, m: IndexMap) -> int:
         if p.target is None:

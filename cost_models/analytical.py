@@ -22,9 +22,30 @@ Bytes come from the resolved maps of the unit's operands
   integer pipes per element.
 
 Residual copies are one copy kernel each: read bytes plus write bytes, no FLOPs.
+
+Beyond the roofline (issue 12 item 2, fitted on the H200 by ``python -m
+experiments.calibrate --from-db``), all constants in :mod:`cost_models.hardware`:
+
+* **parallelism**: a GEMM/conv kernel runs one program per output tile
+  (:func:`geometry`); a grid of ``P`` programs moves at most
+  ``P * program_bandwidth`` bytes/s and reaches ``min(1, P / sm_count)`` of the
+  FLOP peak (LiteMLA's K=8192 bmm has 16-32 programs on 132 SMs);
+* **serial K loop**: ``ceil(K / BK)`` steps of ``k_step_s`` each, in series;
+* **kinds**: grouped and depthwise convs have their own efficiencies per
+  implementation (cuDNN's NCHW grouped 1x1 conv is 14x slower than the Triton
+  template on the H200);
+* **orientation**: an access coalesced only in the swapped 2-D orientation pays
+  ``swap_read_penalty`` / ``swap_write_penalty`` (transposed stores are the
+  worst), a multi-piece map gets no swapped orientation (``tile2d_pieces``);
+* **L2 residency**: the first ``resident_bytes`` of a kernel's DRAM traffic
+  were just written by its producer and come from L2 at ``resident_bandwidth``;
+* **library gathers**: one copy launch per piece of the operand's map, at the
+  ``library/gather`` efficiency.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_operands, needs_copy, \
@@ -33,6 +54,58 @@ from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_oper
 from .accounting import Traffic, TrafficModel, UnitSpec, op_flops
 from .base import CostOracle, Objective, UnitCost
 from .hardware import Hardware
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """The GEMM view of a tensor-core kernel: ``batch`` independent ``m x n`` outputs over a ``k`` loop."""
+
+    kind: str           # efficiency-table kind: matmul, attention, conv, conv_grouped, conv_depthwise
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+
+    def programs(self, impl: str) -> int:
+        """Output tiles, one program each (the Triton templates' smallest tiles for the shape class, which
+        their autotuner picks when the grid is small; the same nominal tiles for the library)."""
+        if not self.m:
+            return 1 << 30
+        bm = 16 if self.m <= 16 else 32 if self.m <= 64 else 64
+        bn = 16 if self.m <= 16 else 64
+        bn = min(bn, max(16, 1 << max(0, (self.n - 1).bit_length())))
+        return self.batch * -(-self.m // bm) * -(-self.n // bn)
+
+    def k_steps(self) -> int:
+        """Steps of the K loop (BK 256 for the M <= 16 class, 64 else, as the templates' first configs)."""
+        if not self.k:
+            return 0
+        return -(-self.k // (256 if self.m <= 16 else 64))
+
+
+def geometry(graph: Any, kernel: str) -> Geometry:
+    """The GEMM geometry of a kernel group's product op (matmul / conv); other kinds get no tiles."""
+    group = graph.groups[kernel]
+    kind = group.kind
+    op = next((graph.ops[o] for o in group.ops if graph.ops[o].category in ("matmul", "conv")), None)
+    if op is None or kind not in ("matmul", "conv"):
+        return Geometry(kind)
+    shp = [graph.tensors[t].shape for t in op.inputs]
+    if op.category == "matmul":
+        if op.target_name.startswith("addmm") or op.target_name.startswith("baddbmm"):
+            shp = shp[1:]
+        a, b = shp[0], shp[1]
+        if len(a) < 2 or len(b) < 2:
+            return Geometry(kind)
+        batch = max(math.prod(a[:-2]) if len(a) > 2 else 1, math.prod(b[:-2]) if len(b) > 2 else 1)
+        return Geometry("matmul", a[-2], b[-1], a[-1], batch)
+    x, w = shp[0], shp[1]
+    out = graph.tensors[op.outputs[0]].shape
+    if len(w) < 3 or len(x) < 3:
+        return Geometry("conv")
+    groups = max(1, x[1] // max(1, w[1]))
+    ck = "conv" if groups == 1 else "conv_depthwise" if w[1] == 1 else "conv_grouped"
+    return Geometry(ck, out[0] * math.prod(out[2:]), w[0] // groups, math.prod(w[1:]), groups)
 
 
 class AnalyticalOracle(CostOracle):
@@ -44,7 +117,46 @@ class AnalyticalOracle(CostOracle):
                  implementations: Sequence[str] | None = None):
         super().__init__(objective, implementations)
         self.hw = Hardware.preset(hardware) if isinstance(hardware, str) else hardware
-        self.traffic = TrafficModel(self.hw.sector_bytes, self.hw.coalesce_bytes, self.hw.short_run_penalty)
+        hw = self.hw
+        self.traffic = TrafficModel(hw.sector_bytes, hw.coalesce_bytes, hw.short_run_penalty,
+                                    tile2d_pieces=hw.tile2d_pieces)
+        self._geo: dict[tuple[int, str], tuple[Any, Geometry]] = {}
+
+    def geometry(self, spec: UnitSpec) -> Geometry:
+        """The kernel's :class:`Geometry` (memoized per graph and kernel)."""
+        g = spec.graph
+        if g is None or spec.unit.kernel not in getattr(g, "groups", {}):
+            return Geometry(_kind(spec))
+        key = (id(g), spec.unit.kernel)
+        hit = self._geo.get(key)
+        if hit is None or hit[0] is not g:
+            hit = self._geo[key] = (g, geometry(g, spec.unit.kernel))
+        return hit[1]
+
+    def _t_dram(self, dram: float) -> float:
+        """Seconds for ``dram`` bytes of DRAM traffic: the L2-resident part first, the rest at bandwidth."""
+        hw = self.hw
+        if hw.resident_bytes > 0 and hw.resident_bandwidth > 0:
+            hot = min(dram, hw.resident_bytes)
+            return hot / hw.resident_bandwidth + (dram - hot) / hw.bandwidth
+        return dram / hw.bandwidth
+
+    def _body(self, geo: Geometry, impl: str, dram: float, l2: float, flops: float, peak_eff: float,
+              t_extra: float = 0.0) -> tuple[float, float, float, float]:
+        """(t_mem, t_compute, t_serial, body) of a kernel with this geometry: roofline terms limited by the
+        grid's programs, and the serial K loop."""
+        hw = self.hw
+        t_mem = self._t_dram(dram) + l2 / hw.l2_bandwidth
+        t_flops = flops / peak_eff if flops and peak_eff > 0 else 0.0
+        t_serial = 0.0
+        if geo.m:
+            p = geo.programs(impl)
+            pbw = hw.program_bandwidth * (hw.eff("library", "program") if impl == "library" else 1.0)
+            t_mem = max(t_mem, (dram + l2) / (p * pbw))
+            t_flops /= min(1.0, p / hw.sm_count)
+            t_serial = geo.k_steps() * hw.k_step_s
+        t_comp = t_flops + t_extra
+        return t_mem, t_comp, t_serial, max(t_mem, t_comp, t_serial)
 
     def measure(self, spec: UnitSpec) -> UnitCost:
         if spec.impl == "library":
@@ -54,33 +166,44 @@ class AnalyticalOracle(CostOracle):
         strides = {s: v[1] for s, v in spec.storages.items()}
         read, write = Traffic(), Traffic()
         for o in spec.operands:
-            t = self.traffic.access(o.map, o.itemsize, strides)
             if o.role == "r":
-                read += t
+                read += self.traffic.access(o.map, o.itemsize, strides)
             else:
-                write += t
+                write += self.traffic.access(o.map, o.itemsize, strides, write=True)
         hw = self.hw
         dram = read.dram_bytes + write.dram_bytes
-        t_mem = dram / hw.bandwidth + (read.l2_bytes + write.l2_bytes) / hw.l2_bandwidth
-        t_flops = spec.flops / hw.peak(spec.compute_dtype, spec.tensor_core) if spec.flops else 0.0
-        if spec.tensor_core and t_flops:   # Triton templates against the library's peak, worse through maps
-            kind = _kind(spec)
-            through_maps = any(strided_view_strides(o.map, strides) is None for o in spec.operands)
-            t_flops /= hw.eff("triton", kind) * (hw.eff("triton", "maps") if through_maps else 1.0)
+        if read.swapped_dram + write.swapped_dram and dram - read.swapped_dram - write.swapped_dram > 0:
+            # operands that want opposite 2-D orientations: the swapped ones are not free (a transpose)
+            dram += read.swapped_dram * (hw.swap_read_penalty - 1) + write.swapped_dram * (hw.swap_write_penalty - 1)
+        l2 = read.l2_bytes + write.l2_bytes
         t_idx = (read.index_ops + write.index_ops) / hw.int_ops
-        seconds = max(t_mem, t_flops + t_idx) + hw.launch_s
-        detail: dict[str, Any] = {"t_mem": t_mem, "t_compute": t_flops + t_idx, "dram_bytes": dram,
-                                  "l2_bytes": read.l2_bytes + write.l2_bytes,
+        geo = Geometry("copy") if spec.kind != "kernel" else self.geometry(spec)
+        peak = hw.peak(spec.compute_dtype, spec.tensor_core) if spec.flops else 0.0
+        through_maps = pieces = False
+        if spec.tensor_core and spec.flops:   # Triton templates against the library's peak, worse through maps
+            peak *= hw.eff("triton", geo.kind if geo.kind != "copy" else _kind(spec))
+            through_maps = any(strided_view_strides(o.map, strides) is None for o in spec.operands)
+            if through_maps:
+                peak *= hw.eff("triton", "maps")
+            pieces = any(len(o.map.pieces) > 1 for o in spec.operands if o.role == "r")
+        t_mem, t_comp, t_serial, body = self._body(geo, "triton", dram, l2, spec.flops, peak, t_idx)
+        if pieces:   # piece predicates inside the K loop: the whole kernel slows, not just its FLOPs
+            body /= hw.eff("triton", "pieces")
+        seconds = body + hw.launch_s
+        detail: dict[str, Any] = {"t_mem": t_mem, "t_compute": t_comp, "t_serial": t_serial, "dram_bytes": dram,
+                                  "l2_bytes": l2, "through_maps": through_maps, "pieces": pieces,
                                   "min_run_bytes": min([x for x in (read.min_run_bytes, write.min_run_bytes) if x],
                                                        default=0)}
         return UnitCost(seconds, bytes=read.bytes + write.bytes, flops=spec.flops, detail=detail)
 
     def _library(self, spec: UnitSpec) -> UnitCost:
-        """A library kernel on dense operands: residual copies (gather/scatter) for operands whose maps it
-        cannot read in place, the call at the library's efficiency, then the epilogue as an elementwise kernel."""
+        """A library kernel on dense operands: residual copies (gather/scatter, one launch per piece of the
+        operand's map) for operands whose maps it cannot read in place, the call at the library's
+        efficiency and grid, then the epilogue as an elementwise kernel."""
         hw, g = self.hw, spec.graph
         group = g.groups[spec.unit.kernel]
         kind = group.kind
+        geo = self.geometry(spec)
         ins, outs = library_operands(g, group)
         strides = {s: v[1] for s, v in spec.storages.items()}
         by = {o.tensor: o for o in spec.operands}
@@ -90,26 +213,29 @@ class AnalyticalOracle(CostOracle):
             dense += nbytes
             o = by.get(t)
             if o is not None and needs_copy(kind, o.map, strides):
-                tr = self.traffic.access(o.map, o.itemsize, strides)
-                t_copy += (tr.dram_bytes + nbytes) / hw.bandwidth + tr.l2_bytes / hw.l2_bandwidth + hw.launch_s
+                tr = self.traffic.access(o.map, o.itemsize, strides, write=t in outs)
+                t_copy += (self._t_dram(tr.dram_bytes + nbytes) + tr.l2_bytes / hw.l2_bandwidth) \
+                    / hw.eff("library", "gather") + hw.launch_s * max(1, len(o.map.pieces))
                 copies += 1
         prod = [g.ops[group.ops[0]]] if kind != "attention" else [g.ops[o] for o in group.ops]
         flops = sum(op_flops(g, op.name) for op in prod)
-        t_call = max(dense / hw.bandwidth, flops / (hw.peak(spec.compute_dtype, True) * hw.eff("library", kind))) \
-            + hw.launch_s
+        ekind = geo.kind if kind == "conv" else kind
+        peak = hw.peak(spec.compute_dtype, True) * hw.eff("library", ekind)
+        t_mem, t_comp, t_serial, body = self._body(geo, "library", dense, 0.0, flops, peak)
+        t_call = body + hw.launch_s
         t_ep, ep_bytes = 0.0, 0.0
         if kind != "attention" and len(group.ops) > 1:   # the epilogue: reads the product, writes the outputs
             ep = Traffic()
             for o in spec.operands:
                 if o.tensor not in ins:
-                    ep += self.traffic.access(o.map, o.itemsize, strides)
+                    ep += self.traffic.access(o.map, o.itemsize, strides, write=o.role != "r")
             prod_bytes = sum(g.tensors[t].nbytes for t in outs)
             ep_bytes = ep.bytes + prod_bytes
-            t_ep = (ep.dram_bytes + prod_bytes) / hw.bandwidth + ep.l2_bytes / hw.l2_bandwidth + hw.launch_s
+            t_ep = self._t_dram(ep.dram_bytes + prod_bytes) + ep.l2_bytes / hw.l2_bandwidth + hw.launch_s
         seconds = t_copy + t_call + t_ep
         return UnitCost(seconds, bytes=dense + ep_bytes, flops=spec.flops,
                         detail={"impl": "library", "t_copy": t_copy, "library_copies": copies,
-                                "t_call": t_call, "t_epilogue": t_ep})
+                                "t_call": t_call, "t_epilogue": t_ep, "t_serial": t_serial})
 
     def _inductor(self, spec: UnitSpec) -> UnitCost:
         """The group compiled by Inductor on strided operands: residual copies for operands that are not strided

@@ -27,6 +27,18 @@ class Hardware:
     sector_bytes: int = 32            # DRAM transaction granularity
     coalesce_bytes: int = 128         # one warp's fully coalesced access
     short_run_penalty: float = 0.25   # extra cost of runs shorter than coalesce_bytes (at zero length)
+    # --- terms beyond the roofline (issue 12 item 2, issue 13 item 5); the H200's are fitted by
+    # `python -m experiments.calibrate --from-db` (cost_models/calibration/H200.json), the rest are estimates
+    sm_count: int = 132               # streaming multiprocessors (datasheet): a grid of fewer programs idles SMs
+    program_bandwidth: float = 2.0e10  # bytes/s ONE program (thread block) streams: a grid of P programs moves
+    #                                   at most P * this (few output tiles, long K loop: LiteMLA's bmm)
+    k_step_s: float = 2.0e-7          # latency of one K-loop step of a GEMM/conv program that the pipeline
+    #                                   cannot hide (~ one DRAM round trip / num_stages): ceil(K/BK) steps in series
+    resident_bytes: float = 0.0       # a kernel's first resident_bytes of DRAM traffic hit L2 (the producer just
+    resident_bandwidth: float = 0.0   # wrote them) at resident_bandwidth; 0: off
+    swap_read_penalty: float = 1.0    # DRAM-bytes factor of a read coalesced only in the swapped 2-D orientation
+    swap_write_penalty: float = 1.0   # the same for a store (a transposed store)
+    tile2d_pieces: bool = True        # whether a multi-piece map gets the swapped orientation at all
     source: str = "datasheet"
     measured: dict[str, Any] = field(default_factory=dict)
     efficiency: dict[str, float] = field(default_factory=dict)   # overrides of EFFICIENCY (calibrated)
@@ -62,15 +74,19 @@ class Hardware:
         return Hardware(**d)
 
     @staticmethod
-    def preset(name: str, measured: bool = True) -> "Hardware":
+    def preset(name: str, measured: bool = True, calibrated: bool = True) -> "Hardware":
+        """A preset by name, with its measured numbers (``measured``) and its calibration file
+        (``calibrated``: cost_models/calibration/<name>.json, written by experiments.calibrate)."""
         key = name.upper().replace("_", "-")
         if key not in PRESETS:
             raise ValueError(f"unknown hardware preset {name!r}; choices: {', '.join(PRESETS)}")
         hw = PRESETS[key]
         cal = os.path.join(os.path.dirname(__file__), "calibration", f"{key}.json")
-        if measured and os.path.exists(cal):   # efficiencies measured by python -m experiments.calibrate
+        if measured and calibrated and os.path.exists(cal):   # constants fitted by python -m experiments.calibrate
             with open(cal) as f:
-                hw = replace(hw, efficiency={**json.load(f).get("efficiency", {}), **hw.efficiency})
+                data = json.load(f)
+            fields = {k: v for k, v in data.get("hardware", {}).items() if k in CALIBRATED_FIELDS}
+            hw = replace(hw, efficiency={**data.get("efficiency", {}), **hw.efficiency}, **fields)
         if measured and hw.measured:
             m = dict(hw.measured)
             hw = hw.with_(bandwidth=m.get("bandwidth", hw.bandwidth),
@@ -84,18 +100,34 @@ class Hardware:
 # with calibrated numbers (``python -m experiments.calibrate`` times each group as triton-dense,
 # triton-through-maps and library on the GPU and writes them).  Until calibrated: rough H100/H200 values
 # (Triton GEMMs ~85% of cuBLAS, Triton convs ~half of cuDNN and half again through maps, issue 12).
+#
+# Kinds: matmul, attention, conv (dense), conv_grouped (1 < groups, not depthwise), conv_depthwise (one input
+# channel per group); "triton/maps": the extra factor on the FLOP rate of a Triton tensor-core kernel that
+# reads an operand through a map that is not a strided view (div/mod, expand); "triton/pieces": the factor
+# on its whole time when an input's map has several pieces (predicates in the K loop: LiteMLA's bmm
+# through the pad map ran 1.9x slower on the H200, bandwidth-bound, not compute-bound).
+# "library/program": a library kernel's per-program streaming bandwidth, as a fraction of
+# Hardware.program_bandwidth; "library/gather": the efficiency of the residual copies a library kernel
+# needs (gathers/scatters) relative to a copy kernel of the same traffic.
+# The grouped/depthwise and library/program/gather rows are first estimates; the H200 has fitted values.
 EFFICIENCY: dict[str, float] = {
     "library/matmul": 1.0, "library/conv": 0.9, "library/attention": 0.9,
+    "library/conv_grouped": 0.05, "library/conv_depthwise": 0.02,
     "triton/matmul": 0.85, "triton/conv": 0.5, "triton/attention": 0.8,
-    "triton/maps": 0.5,
+    "triton/conv_grouped": 0.25, "triton/conv_depthwise": 0.01,
+    "triton/maps": 0.5, "triton/pieces": 0.5, "library/program": 1.0, "library/gather": 1.0,
 }
+
+# Hardware fields a calibration file may set (experiments.calibrate --from-db fits them)
+CALIBRATED_FIELDS = ("launch_s", "program_bandwidth", "k_step_s", "resident_bytes", "resident_bandwidth",
+                     "swap_read_penalty", "swap_write_penalty", "tile2d_pieces", "short_run_penalty")
 
 
 # Datasheet numbers (dense).  TF32 is not PyTorch's default for fp32 matmuls, so float32 uses the SIMT peak.
 PRESETS: dict[str, Hardware] = {
     "H200": Hardware("H200", bandwidth=4.8e12, l2_bandwidth=11e12,
                      flops={"bfloat16": 989e12, "float16": 989e12, "float32": 67e12},
-                     simt_flops=67e12, int_ops=33.5e12,
+                     simt_flops=67e12, int_ops=33.5e12, sm_count=132,
                      measured={"bandwidth": 4.3e12, "flops_bfloat16": 790e12, "flops_float16": 790e12}),
     # measured 2026-12-02 on the project's H100 80GB HBM3 (cost_models.hardware.measure: 512 MiB copy,
     # 8192^3 bf16 GEMM); results/solver_measurements/record_summary.json
@@ -108,11 +140,12 @@ PRESETS: dict[str, Hardware] = {
                          simt_flops=60e12, int_ops=30e12),
     "A100": Hardware("A100", bandwidth=1.935e12, l2_bandwidth=5e12,
                      flops={"bfloat16": 312e12, "float16": 312e12, "float32": 19.5e12},
-                     simt_flops=19.5e12, int_ops=19.5e12),
+                     simt_flops=19.5e12, int_ops=19.5e12, sm_count=108),
     # a generic server CPU, for comparing the model with CPU measurements in CI
     "CPU": Hardware("CPU", bandwidth=20e9, l2_bandwidth=60e9,
                     flops={"bfloat16": 0.3e12, "float16": 0.3e12, "float32": 0.5e12},
-                    simt_flops=0.2e12, int_ops=0.2e12, launch_s=5e-6, sector_bytes=64, coalesce_bytes=64),
+                    simt_flops=0.2e12, int_ops=0.2e12, launch_s=5e-6, sector_bytes=64, coalesce_bytes=64,
+                    sm_count=32, program_bandwidth=5e9),
 }
 
 

@@ -17,6 +17,18 @@ triton-maps.  Writes ``cost_models/calibration/<preset>.json`` (which
 timing beside it::
 
     python -m experiments.calibrate configs/vision.yaml configs/llama.yaml --hardware H200
+
+``--from-db FILE`` needs no GPU: it rebuilds the configs' VTOGs on the meta
+device, enumerates every (unit, configuration, implementation) a search may
+ask about (the ILP's configuration space, keyed as the profiling oracle keys
+its measurements), joins them with the committed measurements in ``FILE`` and
+fits the analytical model's constants (:data:`FIT`: the Hardware fields and
+efficiencies beyond the roofline) by least squares on ``log(pred / measured)``.
+It writes ``cost_models/calibration/<preset>.json`` and, beside it, a CSV of
+predicted (before and after) against measured per unit::
+
+    python -m experiments.calibrate --from-db results/vision_blocks/measurements.sqlite \
+        configs/vision_blocks.yaml --cases litemla --batch 1 --hardware H200
 """
 from __future__ import annotations
 
@@ -24,6 +36,7 @@ import argparse
 import csv
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -36,7 +49,7 @@ from cost_models.accounting import op_flops
 from cost_models.hardware import Hardware
 from cost_models.profiling import KernelTimer
 
-CALIBRATION_DIR = os.path.join(os.path.dirname(__file__), "calibration")
+CALIBRATION_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cost_models", "calibration")
 
 
 def _maximal(v):
@@ -102,13 +115,240 @@ def efficiencies(rows: list[dict[str, Any]], hw: Hardware) -> dict[str, float]:
     return {k: round(min(1.0, statistics.median(v)), 4) for k, v in sorted(out.items())}
 
 
+# ---------------------------------------------------------------------------
+# calibration from committed measurements (no GPU)
+# ---------------------------------------------------------------------------
+
+# (where, name, lower, upper): Hardware fields and EFFICIENCY keys the fit moves, in log space within bounds.
+# Not fitted: k_step_s (no committed measurement separates it from program_bandwidth) and the matmul
+# efficiencies (LiteMLA's GEMMs are fp32 with M, N <= 17: bandwidth- and grid-bound, they say nothing about
+# a compute-bound GEMM's efficiency, which Llama prefill and ViTs depend on), nor triton/maps (a factor on
+# the FLOP rate: no compute-bound kernel through a single-piece map was measured).
+FIT: tuple[tuple[str, str, float, float], ...] = (
+    ("hw", "launch_s", 0.5e-6, 5e-6),
+    ("hw", "program_bandwidth", 1e9, 2e11),
+    ("hw", "resident_bandwidth", 4e12, 3e13),
+    ("hw", "resident_bytes", 1e6, 6e7),
+    ("hw", "swap_read_penalty", 1.0, 30.0),
+    ("hw", "swap_write_penalty", 1.0, 30.0),
+    ("eff", "triton/conv", 1e-4, 1.0),
+    ("eff", "library/conv", 1e-4, 1.0),
+    ("eff", "triton/conv_grouped", 1e-4, 1.0),
+    ("eff", "library/conv_grouped", 1e-4, 1.0),
+    ("eff", "triton/conv_depthwise", 1e-4, 1.0),
+    ("eff", "library/conv_depthwise", 1e-4, 1.0),
+    ("eff", "triton/pieces", 0.02, 1.0),
+    ("eff", "library/program", 0.05, 1.0),
+    ("eff", "library/gather", 0.02, 1.0),
+)
+
+
+def joined_rows(config_paths: list[str], db: str, cases: list[str] | None = None,
+                batches: list[int] | None = None, max_trees: int = 128,
+                max_configs: int = 1024) -> tuple[list[dict[str, Any]], int]:
+    """Every (unit, configuration, implementation) of the configs' searches that ``db`` measured, as
+    ``{case, unit, kind, impl, spec, seconds}`` (one row per measurement key), and how many were missing."""
+    import sqlite3
+
+    from cost_models import AnalyticalOracle
+    from cost_models.accounting import ImpossibleConfig
+    from cost_models.profiling import key_hash
+    from experiments.workloads import build_workload
+    from vtcsearch.config import load_config, torch_dtype
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    from vtcsearch.run import case_label
+
+    conn = sqlite3.connect(db)
+    table = {k: s for k, s, f in conn.execute("SELECT key, seconds, feasible FROM measurements") if f and s}
+    conn.close()
+    rows: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    missing = 0
+    for path in config_paths:
+        cfg = load_config(path)
+        impls = tuple(cfg.oracle_options.get("implementations", ("triton",)))
+        for params in cfg.workload.cases:
+            label = case_label(params, cfg.workload.name)
+            if cases and label not in cases:
+                continue
+            for batch in (batches or cfg.batch_sizes):
+                w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=batch, device="meta",
+                                   dtype=torch_dtype(cfg.dtype), **{**cfg.workload.params, **params})
+                g = capture(w.model, w.example_inputs)
+                v = build_vtog(g)
+                oracle = AnalyticalOracle("H200", implementations=impls)
+                acc = oracle.accounting(v)
+                for u, keys in acc.configuration_space(max_trees, max_configs):
+                    for impl in oracle.unit_implementations(acc, u):
+                        try:
+                            spec = acc.spec(u, keys, impl)
+                        except ImpossibleConfig:
+                            continue
+                        if spec.empty:
+                            continue
+                        h = key_hash(spec.key())
+                        if h in seen:
+                            continue
+                        seen.add(h)
+                        if h not in table:
+                            missing += 1
+                            continue
+                        kind = g.groups[u.kernel].kind if u.kind == "kernel" else "copy"
+                        rows.append({"case": f"{label}:bs{batch}", "unit": u.name, "kind": kind, "impl": impl,
+                                     "spec": spec, "seconds": float(table[h])})
+    return rows, missing
+
+
+def _apply(hw: Hardware, x: dict[str, float]) -> Hardware:
+    fields = {n: v for (w, n, _, _), v in zip(FIT, x.values()) if w == "hw"}
+    eff = {n: v for (w, n, _, _), v in zip(FIT, x.values()) if w == "eff"}
+    return hw.with_(**fields, efficiency={**hw.efficiency, **eff})
+
+
+def predict(rows: list[dict[str, Any]], hw: Hardware) -> list[float]:
+    """The analytical model's seconds for every row under ``hw``."""
+    from cost_models import AnalyticalOracle
+    oracle = AnalyticalOracle(hw)
+    return [oracle.measure(r["spec"]).seconds for r in rows]
+
+
+def log_errors(pred: list[float], meas: list[float]) -> dict[str, float]:
+    """Median and 90th percentile of |log(pred / measured)| (and the factors they mean)."""
+    import numpy as np
+    e = np.abs(np.log(np.asarray(pred) / np.asarray(meas)))
+    med, p90 = float(np.median(e)), float(np.percentile(e, 90))
+    return {"median_abs_log": round(med, 4), "p90_abs_log": round(p90, 4),
+            "median_factor": round(float(np.exp(med)), 3), "p90_factor": round(float(np.exp(p90)), 3),
+            "max_factor": round(float(np.exp(e.max())), 2), "n": int(e.size)}
+
+
+def fit(rows: list[dict[str, Any]], hw: Hardware, sweeps: int = 6) -> tuple[Hardware, dict[str, Any]]:
+    """Least squares on log(pred / measured) over :data:`FIT` (coordinate descent on a log grid, then a
+    golden-section refinement per parameter; ~2,000 model evaluations, ~1 minute), both settings of
+    ``tile2d_pieces`` tried.  Returns the fitted hardware and, per parameter, its value and whether the
+    measurements constrain it (the loss moves when it is halved or doubled)."""
+    import numpy as np
+    meas = np.log(np.asarray([r["seconds"] for r in rows]))
+    # each (unit, implementation) weighs one in total: its many configurations (LiteMLA's bmm has 70)
+    # must not drown the units measured in one or two
+    count: dict[tuple[str, str], int] = {}
+    for r in rows:
+        count[(r["unit"], r["impl"])] = count.get((r["unit"], r["impl"]), 0) + 1
+    weight = np.asarray([1.0 / count[(r["unit"], r["impl"])] for r in rows])
+
+    def loss(h: Hardware) -> float:
+        return float(np.sum(weight * (np.log(np.asarray(predict(rows, h))) - meas) ** 2))
+
+    def start(h: Hardware) -> dict[str, float]:
+        return {f"{w}:{n}": (getattr(h, n) if w == "hw" else h.eff(*n.split("/"))) or (lo * hi) ** 0.5
+                for w, n, lo, hi in FIT}
+
+    best: tuple[float, Hardware] | None = None
+    for pieces in (True, False):
+        h0 = hw.with_(tile2d_pieces=pieces)
+        x = {k: min(max(v, FIT[i][2]), FIT[i][3]) for i, (k, v) in enumerate(start(h0).items())}
+        cur = loss(_apply(h0, x))
+        for sweep in range(sweeps):
+            span = 2.0 ** (3 - sweep) if sweep < 4 else 1.2
+            improved = False
+            for i, (k, v) in enumerate(list(x.items())):
+                lo, hi = FIT[i][2], FIT[i][3]
+                for c in np.exp(np.linspace(-np.log(span), np.log(span), 9)) * v:
+                    c = float(min(max(c, lo), hi))
+                    trial = {**x, k: c}
+                    val = loss(_apply(h0, trial))
+                    if val < cur - 1e-12:
+                        cur, x, improved = val, trial, True
+            if not improved and sweep >= 3:
+                break
+        try:   # polish: Powell on the log parameters, within the bounds
+            from scipy.optimize import minimize
+            keys = list(x)
+            bounds = [(math.log(FIT[i][2]), math.log(FIT[i][3])) for i in range(len(keys))]
+            res = minimize(lambda z: loss(_apply(h0, dict(zip(keys, np.exp(z))))),
+                           np.log([x[k] for k in keys]), method="Powell", bounds=bounds,
+                           options={"maxfev": 1500, "xtol": 1e-3, "ftol": 1e-6})
+            if res.fun < cur:
+                cur, x = float(res.fun), dict(zip(keys, map(float, np.exp(res.x))))
+        except ImportError:
+            pass
+        h = _apply(h0, x)
+        if best is None or cur < best[0]:
+            best = (cur, h)
+    assert best is not None
+    h = best[1]
+    base = loss(h)
+    info: dict[str, Any] = {}
+    xs = start(h)
+    for i, (k, v) in enumerate(xs.items()):
+        moved = max(abs(loss(_apply(h, {**xs, k: v * f})) - base) for f in (0.5, 2.0))
+        info[k] = {"value": v, "constrained": bool(moved > 1e-3 * max(base, 1e-9))}
+    info["tile2d_pieces"] = {"value": h.tile2d_pieces, "constrained": True}
+    return h, info
+
+
+def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
+    """``--from-db``: fit the analytical model to committed measurements (no GPU)."""
+    hw0 = Hardware.preset(a.hardware, calibrated=False)
+    cases = [c.strip() for c in a.cases.split(",")] if a.cases else None
+    rows, missing = joined_rows(a.configs, a.from_db, cases, a.batch)
+    if not rows:
+        print(f"no measurement of {a.from_db} matches the configs' candidate kernels", file=sys.stderr)
+        return 2
+    print(f"{len(rows)} measured (unit, configuration, implementation) rows joined ({missing} not measured)")
+    meas = [r["seconds"] for r in rows]
+    before = predict(rows, hw0)
+    hw, info = fit(rows, hw0)
+    after = predict(rows, hw)
+    err = {"before": log_errors(before, meas), "after": log_errors(after, meas)}
+    print(json.dumps(err, indent=1))
+    out = a.out or os.path.join(CALIBRATION_DIR, f"{hw.name}.json")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    written_by = {"command": " ".join(["python -m experiments.calibrate"] + list(argv if argv is not None
+                                                                                   else sys.argv[1:])),
+                  "machine": f"{platform.node()} ({platform.machine()}, no GPU: fitted to {a.from_db})",
+                  "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    constrained = {k: v for k, v in info.items() if v["constrained"]}
+    hw_fields = {k.split(":", 1)[1]: _round(v["value"]) for k, v in constrained.items() if k.startswith("hw:")}
+    hw_fields["tile2d_pieces"] = hw.tile2d_pieces
+    eff = {k.split(":", 1)[1]: _round(v["value"]) for k, v in constrained.items() if k.startswith("eff:")}
+    doc = {"preset": hw.name, "source": f"fitted to {a.from_db} ({len(rows)} measured units)",
+           "hardware": hw_fields, "efficiency": eff, "errors": err,
+           "unconstrained": sorted(k for k, v in info.items() if not v["constrained"]),
+           "written_by": written_by}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.splitext(out)[0] + ".csv", "w", newline="") as f:
+        wr = csv.writer(f)
+        wr.writerow(["# " + written_by["command"], written_by["machine"], written_by["date"]])
+        wr.writerow(["case", "unit", "kind", "impl", "measured_us", "pred_before_us", "pred_after_us",
+                     "after_over_measured"])
+        for r, b, p in sorted(zip(rows, before, after), key=lambda z: (z[0]["case"], z[0]["unit"], z[0]["impl"])):
+            wr.writerow([r["case"], r["unit"], r["kind"], r["impl"], f"{r['seconds'] * 1e6:.2f}", f"{b * 1e6:.2f}",
+                         f"{p * 1e6:.2f}", f"{p / r['seconds']:.3f}"])
+    print(json.dumps({"hardware": hw_fields, "efficiency": eff}, indent=1))
+    print(f"wrote {out} and {os.path.splitext(out)[0]}.csv")
+    return 0
+
+
+def _round(v: Any) -> Any:
+    return float(f"{v:.4g}") if isinstance(v, float) else v
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("configs", nargs="+")
     ap.add_argument("--hardware", default="H200")
     ap.add_argument("--out", default=None, help="JSON path (default cost_models/calibration/<hardware>.json)")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--from-db", default=None, metavar="SQLITE",
+                    help="fit to a committed profiling measurements file instead of timing (no GPU)")
+    ap.add_argument("--cases", default=None, help="with --from-db: comma-separated case labels of the configs")
+    ap.add_argument("--batch", type=int, action="append", default=None, help="with --from-db: batch size(s)")
     a = ap.parse_args(argv)
+    if a.from_db:
+        return from_db(a, argv)
     if not torch.cuda.is_available():
         print("calibration times kernels on a GPU; no CUDA device here", file=sys.stderr)
         return 2
