@@ -53,7 +53,7 @@ from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_oper
 
 from .accounting import Traffic, TrafficModel, UnitSpec, op_flops
 from .base import CostOracle, Objective, UnitCost
-from .hardware import Hardware
+from .hardware import EFFICIENCY, Hardware
 
 
 @dataclass(frozen=True)
@@ -257,10 +257,18 @@ class AnalyticalOracle(CostOracle):
         t_flops = 0.0
         if spec.flops:
             t_flops = spec.flops / (hw.peak(spec.compute_dtype, spec.tensor_core)
-                                    * (hw.eff(INDUCTOR, group.kind) if spec.tensor_core else 1.0))
-        t_call = max(dense / hw.bandwidth, t_flops) + hw.launch_s
+                                    * (self.inductor_eff(self.geometry(spec).kind) if spec.tensor_core else 1.0))
+        t_call = max(self._t_dram(dense), t_flops) + hw.launch_s
         return UnitCost(t_copy + t_call, bytes=dense, flops=spec.flops,
                         detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call})
+
+    def inductor_eff(self, kind: str) -> float:
+        """Inductor's efficiency on a ``kind`` kernel: a calibrated ``inductor/<kind>`` entry, else the better
+        of the library's and the Triton template's (max-autotune times both and keeps the faster)."""
+        hw = self.hw
+        if f"{INDUCTOR}/{kind}" in hw.efficiency or f"{INDUCTOR}/{kind}" in EFFICIENCY:
+            return hw.eff(INDUCTOR, kind)
+        return max(hw.eff("library", kind), hw.eff("triton", kind))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source}
