@@ -206,17 +206,7 @@ class AnalyticalOracle(CostOracle):
         geo = self.geometry(spec)
         ins, outs = library_operands(g, group)
         strides = {s: v[1] for s, v in spec.storages.items()}
-        by = {o.tensor: o for o in spec.operands}
-        t_copy, copies, dense = 0.0, 0, 0
-        for t in ins + outs:
-            nbytes = g.tensors[t].nbytes
-            dense += nbytes
-            o = by.get(t)
-            if o is not None and needs_copy(kind, o.map, strides):
-                tr = self.traffic.access(o.map, o.itemsize, strides, write=t in outs)
-                t_copy += (self._t_dram(tr.dram_bytes + nbytes) + tr.l2_bytes / hw.l2_bandwidth) \
-                    / hw.eff("library", "gather") + hw.launch_s * max(1, len(o.map.pieces))
-                copies += 1
+        t_copy, copies, dense = self._residual_copies(spec, kind, ins, outs)
         prod = [g.ops[group.ops[0]]] if kind != "attention" else [g.ops[o] for o in group.ops]
         flops = sum(op_flops(g, op.name) for op in prod)
         ekind = geo.kind if kind == "conv" else kind
@@ -237,23 +227,33 @@ class AnalyticalOracle(CostOracle):
                         detail={"impl": "library", "t_copy": t_copy, "library_copies": copies,
                                 "t_call": t_call, "t_epilogue": t_ep, "t_serial": t_serial})
 
+    def _residual_copies(self, spec: UnitSpec, kind: str, ins: Sequence[str], outs: Sequence[str]
+                         ) -> tuple[float, int, int]:
+        """(seconds, copies, dense bytes) of the operands a ``kind`` kernel reads and writes as plain strided
+        tensors: a gather (input) or scatter (output) for each whose map it cannot take in place, one copy
+        launch per piece of the map, at the ``library/gather`` efficiency (what realization runs)."""
+        hw, g = self.hw, spec.graph
+        strides = {s: v[1] for s, v in spec.storages.items()}
+        by = {o.tensor: o for o in spec.operands}
+        t_copy, copies, dense = 0.0, 0, 0
+        for t in list(ins) + list(outs):
+            nbytes = g.tensors[t].nbytes
+            dense += nbytes
+            o = by.get(t)
+            if o is not None and needs_copy(kind, o.map, strides):
+                tr = self.traffic.access(o.map, o.itemsize, strides, write=t in outs)
+                t_copy += (self._t_dram(tr.dram_bytes + nbytes) + tr.l2_bytes / hw.l2_bandwidth) \
+                    / hw.eff("library", "gather") + hw.launch_s * max(1, len(o.map.pieces))
+                copies += 1
+        return t_copy, copies, dense
+
     def _inductor(self, spec: UnitSpec) -> UnitCost:
         """The group compiled by Inductor on strided operands: residual copies for operands that are not strided
         views, then one kernel at Inductor's efficiency for the group's kind (its epilogue fused)."""
         hw, g = self.hw, spec.graph
         group = g.groups[spec.unit.kernel]
         ins, outs = dense_operands(g, group, INDUCTOR)
-        strides = {s: v[1] for s, v in spec.storages.items()}
-        by = {o.tensor: o for o in spec.operands}
-        t_copy, copies, dense = 0.0, 0, 0
-        for t in ins + outs:
-            nbytes = g.tensors[t].nbytes
-            dense += nbytes
-            o = by.get(t)
-            if o is not None and needs_copy(INDUCTOR, o.map, strides):
-                tr = self.traffic.access(o.map, o.itemsize, strides)
-                t_copy += (tr.dram_bytes + nbytes) / hw.bandwidth + tr.l2_bytes / hw.l2_bandwidth + hw.launch_s
-                copies += 1
+        t_copy, copies, dense = self._residual_copies(spec, INDUCTOR, ins, outs)
         t_flops = 0.0
         if spec.flops:
             t_flops = spec.flops / (hw.peak(spec.compute_dtype, spec.tensor_core)

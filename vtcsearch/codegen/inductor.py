@@ -26,14 +26,14 @@ ends).
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 
 from ..core import implementation as im
 from ..core.graph import TensorGraph, kernel_io
 from .kernels import Operand, copy
-from .lowering import Context, Launch, strided_view
+from .lowering import Context, Launch, strided_view, substitute
 
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
@@ -56,23 +56,10 @@ def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], out
     env: dict[str, torch.fx.Node] = {t: fx.placeholder(f"in_{k}") for k, t in enumerate(ins)}
     dst = [fx.placeholder(f"out_{k}") for k in range(len(outs))]
 
-    def arg(a: Any) -> Any:
-        if isinstance(a, torch.fx.Node):
-            if a.name not in env:
-                raise KeyError(f"region input {a.name} not available")
-            return env[a.name]
-        if isinstance(a, torch.device):
-            return device
-        if isinstance(a, (tuple, list)):
-            return type(a)(arg(x) for x in a)
-        if isinstance(a, dict):
-            return {k: arg(v) for k, v in a.items()}
-        return a
-
     for name in ops:
         op = graph.ops[name]
         node = op.node
-        new = fx.call_function(node.target, arg(node.args), arg(dict(node.kwargs)))
+        new = fx.call_function(node.target, substitute(node.args, env, device), substitute(dict(node.kwargs), env, device))
         if list(op.outputs) == [node.name]:
             env[node.name] = new
             continue
