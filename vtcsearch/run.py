@@ -147,6 +147,9 @@ class RunContext:
         name = split_solver(spec)[1]
         if name is None:
             return self.oracle
+        if name == "profiling" and not self.measured:
+            from solvers import SolverRefused
+            raise SolverRefused(f"{spec}: the profiling oracle measures kernels on a GPU; this run has none")
         if name not in self.oracles:
             self.oracles[name] = make_oracle(self, name)
         return self.oracles[name]

@@ -85,7 +85,8 @@ def inductor_can_run(graph: "TensorGraph", group: Group) -> bool:
 
 
 def choices(graph: "TensorGraph", group: Group, allowed: Sequence[str] = IMPLEMENTATIONS) -> tuple[str, ...]:
-    """Implementations that can run ``group`` (``triton`` always), in ``allowed`` order."""
+    """Implementations that can run ``group`` (``triton`` always), in ``allowed`` order: the order of
+    preference, which decides ties (``triton`` last when ``allowed`` leaves it out)."""
     out = []
     for impl in allowed:
         check_name(impl)
@@ -93,7 +94,7 @@ def choices(graph: "TensorGraph", group: Group, allowed: Sequence[str] = IMPLEME
                 or (impl == INDUCTOR and inductor_can_run(graph, group)):
             out.append(impl)
     if TRITON not in out:
-        out.insert(0, TRITON)
+        out.append(TRITON)
     return tuple(out)
 
 
