@@ -263,11 +263,12 @@ def test_a_solver_entry_can_name_its_oracle(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "make_oracle", lambda ctx, name=None: made.append(name) or real(ctx, name))
     out = tmp_path / "o"
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--batch", "1",
-                 "--solvers", "none,greedy,greedy@analytical"]) == 0
+                 "--solvers", "none,greedy,greedy@analytical,greedy@profiling"]) == 0
     assert made == [None, "analytical"]
     s = json.loads((out / "summary.json").read_text())
     rows = {r["variant"]: r for r in s["rows"] if r["kind"] == "vtcsearch"}
-    assert set(rows) == {"vtc_none", "vtc_greedy", "vtc_greedy@analytical"}
+    assert set(rows) == {"vtc_none", "vtc_greedy", "vtc_greedy@analytical", "vtc_greedy@profiling"}
+    assert rows["vtc_greedy@profiling"]["status"] == "skipped"          # profiling measures on a GPU only
     assert rows["vtc_greedy@analytical"]["predicted_latency_us"] == pytest.approx(rows["vtc_greedy"]["predicted_latency_us"])
     assert (out / "strategies" / "llama3-bs1_greedy@analytical.json").exists()
 
