@@ -228,7 +228,7 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_fmt(r['eliminated_ops'], 'd')} | {num} |")
     lines.append("")
 
-    lines += floor_section(summary) + steps_section(summary) + conv_section(summary)
+    lines += floor_section(summary) + accuracy_section(summary) + steps_section(summary) + conv_section(summary)
 
     solved = [r for r in summary["rows"] if r["kind"] == VariantKind.VTCSEARCH and r["status"] == "ok"]
     if solved:
@@ -303,6 +303,24 @@ def floor_section(summary: dict[str, Any]) -> list[str]:
     for r in rows:
         lines.append(f"| {r['case']} | {r['batch']} | {_fmt(r['floor_us'])} | {r['variant']} | "
                      f"{_fmt(r['latency_us'])} | {_fmt(r['x_floor'], '.2f')} |")
+    return lines + [""]
+
+
+def accuracy_section(summary: dict[str, Any]) -> list[str]:
+    """Each measured strategy's latency as its oracle predicted it: how far the search's model was off."""
+    rows = [r for r in summary["rows"] if r.get("predicted_latency_us") and r.get("measured_latency_us")]
+    if not rows:
+        return []
+    oracle = summary.get("oracle", {}).get("oracle", "the run's oracle")
+    lines = ["## Oracle accuracy", "", f"Each strategy's predicted latency (by the oracle that searched it: {oracle}, "
+             "or the one its solver entry names, `solver@oracle`) against its measured latency; the predictions "
+             "sum kernels timed or modelled alone, so launch gaps and cache effects between kernels are the "
+             "usual difference.", "",
+             "| case | batch | variant | predicted us | measured us | predicted / measured |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['batch']} | {r['variant']} | {_fmt(r['predicted_latency_us'])} | "
+                     f"{_fmt(r['measured_latency_us'])} | "
+                     f"{_fmt(r['predicted_latency_us'] / r['measured_latency_us'], '.2f')} |")
     return lines + [""]
 
 
