@@ -727,7 +727,7 @@ class Accounting:
         self._copies: dict[tuple[int, tuple[str, ...]], list | None] = {}
         self._maps_by_key: dict[str, IndexMap] = {}
         self._trees_by_key: dict[tuple[str, str], list[int]] = {}
-        self._write_ok: dict[str, bool] = {}
+        self._write_ok: dict[str | tuple, bool] = {}
         self._copy_maps: dict[tuple, tuple[IndexMap, IndexMap]] = {}
         self._assign: dict[tuple[str, int], dict[str, int | None]] = {}
         self.kernel_flops = {k: sum(op_flops(g, o) for o in ops) for k, ops in self.kernel_ops.items()}
@@ -1039,20 +1039,42 @@ class Accounting:
 
     # -- writes ----------------------------------------------------------------
     def writable(self, m: IndexMap, key: str | None = None) -> bool:
-        """A kernel may write through ``m``: no constant piece, no read-only target, injective (the core's rule)."""
+        """A kernel may write through ``m``: no constant piece, no read-only target, injective (the core's rule).
+
+        Memoized per map text and per :meth:`write_signature` (the same write in another layer is checked
+        once: injectivity of non-affine maps is checked by evaluation)."""
         k = key or repr(m)
         if k in self.shared.write_ok:
             return True
         ok = self._write_ok.get(k)
         if ok is None:
-            probe = self.strategy(())
-            try:
-                probe._check_write("?", m, self.strides, "probe")
-                ok = True
-            except StrategyError:
-                ok = False
+            sig = self.write_signature(m)
+            ok = self._write_ok.get(sig)
+            if ok is None:
+                probe = self.strategy(())
+                try:
+                    probe._check_write("?", m, self.strides, "probe")
+                    ok = True
+                except StrategyError:
+                    ok = False
+                self._write_ok[sig] = ok
             self._write_ok[k] = ok
         return ok
+
+    def write_signature(self, m: IndexMap) -> tuple:
+        """What the core's write check of ``m`` depends on, without storage names: per piece its region,
+        index, predicates, and the storage's first-occurrence number, read-only flag, strides and shape."""
+        names: dict[str, int] = {}
+        out = []
+        for p in m.pieces:
+            t = p.target
+            if t is None:
+                out.append((p.region, p.index, p.conds, None))
+                continue
+            info = self.graph.tensors[t]
+            out.append((p.region, p.index, p.conds, names.setdefault(t, len(names)), info.read_only,
+                        tuple(self.strides[t]), tuple(info.shape)))
+        return (m.shape, tuple(out))
 
     def compute_written(self) -> set[str]:
         """Tensors some compute op writes (their maps must be writable when virtual)."""
