@@ -457,10 +457,8 @@ def test_fast_traffic_equals_symbolic():
 
 
 def _clear_core_memos() -> None:
-    from vtcsearch.core import expr, mapping
-    expr._SIMPLIFIED.clear()
-    mapping._NORMALIZED.clear()
-    mapping._COMPOSED.clear()
+    from vtcsearch.core.mapping import clear_memos
+    clear_memos()
 
 
 @pytest.mark.parametrize("name,params", [("shufflenet", {}), ("llama3", {"part": "layer", "phase": "decode"}),

@@ -454,6 +454,15 @@ def _normalize(p: Piece) -> Piece | None:
 
 
 _NORMALIZED: dict[Piece, Piece | None] = {}
+
+
+def clear_memos() -> None:
+    """Forget the process-wide memos of maps and expressions (timings from a cold start; tests)."""
+    from .expr import _SIMPLIFIED
+    _SIMPLIFIED.clear()
+    _NORMALIZED.clear()
+    _COMPOSED.clear()
+
 _COMPOSED: dict[tuple[Piece, Piece], Piece] = {}   # (outer piece, inner piece) -> composed piece (compose)
 
 
