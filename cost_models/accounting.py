@@ -313,6 +313,9 @@ def _grid_env(region, syms: Iterable[Sym]) -> dict[str, Any]:
     return env
 
 
+_UNSET = object()   # a memo miss (None is a valid memoized answer)
+
+
 class TrafficModel:
     """Counts elements, distinct elements and contiguous runs of accesses through maps.
 
@@ -345,24 +348,37 @@ class TrafficModel:
         self._maps: dict[tuple[int, int], tuple[IndexMap, Traffic]] = {}
         self._runs: dict[tuple, int] = {}
         self._affine: dict[tuple, tuple[int, float, int]] = {}
-        self._swapped: dict[tuple, int] = {}
-        self._by_pieces: dict[tuple, Traffic] = {}
+        self._by_pieces: dict[tuple, Traffic] = {}               # map signature -> traffic
+        self._by_piece: dict[tuple, Traffic | None] = {}         # piece signature -> traffic
 
     def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]],
                write: bool = False) -> Traffic:
         """Traffic of accessing every element of ``m``'s domain once, in row-major order (``write``: a
-        store, which pays ``swap_write_penalty`` instead of ``swap_read_penalty``)."""
+        store, which pays ``swap_write_penalty`` instead of ``swap_read_penalty``).
+
+        Memoized per map object and per *signature* (:meth:`signature`: shape, pieces without their
+        storage names, the storages' strides, itemsize), so the same access in another layer, or a map
+        rebuilt per query (residual copies), is priced once."""
         write = bool(write) and self.swap_penalty[True] != self.swap_penalty[False]
         hit = self._maps.get((id(m), itemsize, write))
         if hit is not None and hit[0] is m:
             return hit[1].copy()
-        # maps rebuilt per query (residual copies) repeat: remember by content, not identity
-        ckey = (m.shape, m.pieces, itemsize, write, tuple(sorted((t, tuple(strides[t])) for t in m.targets())))
-        out = self._by_pieces.get(ckey)
+        sig = (self.signature(m, itemsize, strides), write)
+        out = self._by_pieces.get(sig)
         if out is None:
-            out = self._by_pieces[ckey] = self._access(m, itemsize, strides, write)
+            out = self._by_pieces[sig] = self._access(m, itemsize, strides, write)
+        if len(self._maps) > 1 << 16:   # ids of dead maps can be reused: keep this memo small
+            self._maps.clear()
         self._maps[(id(m), itemsize, write)] = (m, out)
         return out.copy()
+
+    @staticmethod
+    def signature(m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]]) -> tuple:
+        """What the traffic of an access through ``m`` depends on, as a hashable key without storage names:
+        the domain's shape, the itemsize, and per piece its region, index, predicates and the strides of
+        the storage it lands in (``None``: a constant piece).  Two layers with the same shapes share it."""
+        return (m.shape, itemsize, tuple((p.region, p.index, p.conds, None if p.target is None
+                                          else tuple(strides[p.target])) for p in m.pieces))
 
     def _access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]],
                 write: bool = False) -> Traffic:
@@ -370,41 +386,47 @@ class TrafficModel:
         tile2d = self.tile2d and (self.tile2d_pieces or len(m.pieces) == 1)
         penalty = self.swap_penalty[write]
         for p in m.pieces:
-            n = region_size(p.region)
-            if p.target is not None and n and self.fast and not p.conds:
-                st = tuple(strides[p.target])
-                coefs = affine_coefs(p, st)
-                if coefs is not None:
-                    out += self._affine_piece(p, coefs, m.shape, n, itemsize, tile2d, penalty)
-                    continue
-            run = self._run(p, strides, m)
-            if p.target is None or n == 0:
+            if p.target is None or not region_size(p.region):
                 continue
-            swapped = False
-            if tile2d and run * itemsize < self.coalesce:
-                skey = (p, tuple(strides[p.target]), m.shape)
-                sw = self._swapped.get(skey)
-                if sw is None:
-                    sw = self._swapped[skey] = _swapped_run(m, p, strides)
-                swapped = sw > run
-                run = max(run, sw)
-            count, distinct, run_el, ops = self._piece_stats(p, run, tuple(strides[p.target]))
-            if count == 0:
-                continue
-            rb = max(1, run_el) * itemsize
-            factor = math.ceil(rb / self.sector) * self.sector / rb
-            if rb < self.coalesce:
-                factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
-            if swapped:
-                factor *= penalty
-            t = Traffic(elements=count, distinct=distinct, bytes=count * itemsize,
-                        dram_bytes=distinct * itemsize * factor,
-                        l2_bytes=(count - distinct) * itemsize, index_ops=ops * count, min_run_bytes=rb,
-                        swapped_dram=distinct * itemsize * factor if swapped else 0.0)
-            out += t
+            st = tuple(strides[p.target])
+            key = (p.region, p.index, p.conds, st, m.shape, itemsize, tile2d, penalty)
+            t = self._by_piece.get(key, _UNSET)
+            if t is _UNSET:
+                t = self._by_piece[key] = self._piece_traffic(p, st, m, itemsize, tile2d, penalty)
+            if t is not None:
+                out += t
         if len([p for p in m.pieces if p.target is not None]) > 1:
             out.index_ops += 2.0 * (len(m.pieces) - 1) * out.elements  # piece predicates and selects
         return out
+
+    def _piece_traffic(self, p: Piece, st: tuple[int, ...], m: IndexMap, itemsize: int, tile2d: bool,
+                       penalty: float) -> Traffic | None:
+        """Traffic of one piece landing in a storage with strides ``st`` (None: it touches nothing)."""
+        n = region_size(p.region)
+        if self.fast and not p.conds:
+            coefs = affine_coefs(p, st)
+            if coefs is not None:
+                return self._affine_piece(p, coefs, m.shape, n, itemsize, tile2d, penalty)
+        strides = {p.target: st}
+        run = self._run(p, strides, m)
+        swapped = False
+        if tile2d and run * itemsize < self.coalesce:
+            sw = _swapped_run(m, p, strides)
+            swapped = sw > run
+            run = max(run, sw)
+        count, distinct, run_el, ops = self._piece_stats(p, run, st)
+        if count == 0:
+            return None
+        rb = max(1, run_el) * itemsize
+        factor = math.ceil(rb / self.sector) * self.sector / rb
+        if rb < self.coalesce:
+            factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
+        if swapped:
+            factor *= penalty
+        return Traffic(elements=count, distinct=distinct, bytes=count * itemsize,
+                       dram_bytes=distinct * itemsize * factor,
+                       l2_bytes=(count - distinct) * itemsize, index_ops=ops * count, min_run_bytes=rb,
+                       swapped_dram=distinct * itemsize * factor if swapped else 0.0)
 
     def _affine_piece(self, p: Piece, coefs: tuple[int, ...], shape: tuple[int, ...], n: int,
                       itemsize: int, tile2d: bool = True, penalty: float = 1.0) -> Traffic:
@@ -458,10 +480,11 @@ class TrafficModel:
         return r
 
     def _piece_stats(self, p: Piece, run: int, st: tuple[int, ...]) -> tuple[int, int, int, float]:
+        # memoized without the run: the run is the caller's (it depends on the domain's shape too)
         key = (p, st)
         hit = self._piece.get(key)
         if hit is not None:
-            return hit
+            return hit[0], hit[1], run, hit[3]
         n = region_size(p.region)
         off = p.offset(st)
         ops = _atom_ops(off) + 2.0 * len(p.conds)
@@ -739,7 +762,9 @@ class Accounting:
         self._copies: dict[tuple[int, tuple[str, ...]], list | None] = {}
         self._maps_by_key: dict[str, IndexMap] = {}
         self._trees_by_key: dict[tuple[str, str], list[int]] = {}
-        self._write_ok: dict[str, bool] = {}
+        self._write_ok: dict[str | tuple, bool] = {}
+        self._copy_maps: dict[tuple, tuple[IndexMap, IndexMap]] = {}
+        self._assign: dict[tuple[str, int], dict[str, int | None]] = {}
         self.kernel_flops = {k: sum(op_flops(g, o) for o in ops) for k, ops in self.kernel_ops.items()}
         # liveness
         self.span: dict[str, tuple[int, int]] = {}
@@ -956,7 +981,10 @@ class Accounting:
 
     # -- residual copies of a copy unit -------------------------------------
     def tree_assign(self, t: str, tid: int) -> dict[str, int | None]:
-        """Every placement a tree fixes: tensor -> option, or None for its physical leaves."""
+        """Every placement a tree fixes: tensor -> option, or None for its physical leaves (memoized: read only)."""
+        got = self._assign.get((t, tid))
+        if got is not None:
+            return got
         out: dict[str, int | None] = {}
         stack = [(t, tid)]
         while stack:
@@ -967,6 +995,7 @@ class Accounting:
             o, ch = self._trees[y]
             out[x] = o
             stack.extend(zip(self.option_targets[o], ch))
+        self._assign[(t, tid)] = out
         return out
 
     def realize(self, tensors: Sequence[str], keys: Sequence[str]) -> dict[str, int] | None:
@@ -1030,22 +1059,57 @@ class Accounting:
         self._copies[ck] = got
         return got
 
+    def copy_maps(self, domain: tuple[int, ...], pairs: Sequence[tuple[Piece, Piece]]) -> tuple[IndexMap, IndexMap]:
+        """(destination map, source map) of one residual copy; memoized by content, as configurations that
+        differ elsewhere leave the same copies (building a map normalizes its pieces: not free)."""
+        key = (tuple(domain), tuple(pairs))
+        hit = self._copy_maps.get(key)
+        if hit is None:
+            g = self.graph
+            dshapes = {p.target: g.tensors[p.target].shape for p, _ in pairs if p.target}
+            sshapes = {q.target: g.tensors[q.target].shape for _, q in pairs if q.target}
+            hit = self._copy_maps[key] = (IndexMap(domain, [p for p, _ in pairs], dshapes),
+                                          IndexMap(domain, [q for _, q in pairs], sshapes))
+        return hit
+
     # -- writes ----------------------------------------------------------------
     def writable(self, m: IndexMap, key: str | None = None) -> bool:
-        """A kernel may write through ``m``: no constant piece, no read-only target, injective (the core's rule)."""
+        """A kernel may write through ``m``: no constant piece, no read-only target, injective (the core's rule).
+
+        Memoized per map text and per :meth:`write_signature` (the same write in another layer is checked
+        once: injectivity of non-affine maps is checked by evaluation)."""
         k = key or repr(m)
         if k in self.shared.write_ok:
             return True
         ok = self._write_ok.get(k)
         if ok is None:
-            probe = self.strategy(())
-            try:
-                probe._check_write("?", m, self.strides, "probe")
-                ok = True
-            except StrategyError:
-                ok = False
+            sig = self.write_signature(m)
+            ok = self._write_ok.get(sig)
+            if ok is None:
+                probe = self.strategy(())
+                try:
+                    probe._check_write("?", m, self.strides, "probe")
+                    ok = True
+                except StrategyError:
+                    ok = False
+                self._write_ok[sig] = ok
             self._write_ok[k] = ok
         return ok
+
+    def write_signature(self, m: IndexMap) -> tuple:
+        """What the core's write check of ``m`` depends on, without storage names: per piece its region,
+        index, predicates, and the storage's first-occurrence number, read-only flag, strides and shape."""
+        names: dict[str, int] = {}
+        out = []
+        for p in m.pieces:
+            t = p.target
+            if t is None:
+                out.append((p.region, p.index, p.conds, None))
+                continue
+            info = self.graph.tensors[t]
+            out.append((p.region, p.index, p.conds, names.setdefault(t, len(names)), info.read_only,
+                        tuple(self.strides[t]), tuple(info.shape)))
+        return (m.shape, tuple(out))
 
     def compute_written(self) -> set[str]:
         """Tensors some compute op writes (their maps must be writable when virtual)."""
@@ -1075,12 +1139,9 @@ class Accounting:
             for domain, pairs in copies:
                 dt = next((p.target for p, _ in pairs if p.target), None)
                 info = g.tensors[dt] if dt else g.tensors[u.tensors[0]]
-                dshapes = {p.target: g.tensors[p.target].shape for p, _ in pairs if p.target}
-                sshapes = {q.target: g.tensors[q.target].shape for _, q in pairs if q.target}
-                operands.append(Operand(dt or "", "w", IndexMap(domain, [p for p, _ in pairs], dshapes),
-                                        info.dtype, info.itemsize))
-                operands.append(Operand(dt or "", "r", IndexMap(domain, [q for _, q in pairs], sshapes),
-                                        info.dtype, info.itemsize))
+                dmap, smap = self.copy_maps(domain, pairs)
+                operands.append(Operand(dt or "", "w", dmap, info.dtype, info.itemsize))
+                operands.append(Operand(dt or "", "r", smap, info.dtype, info.itemsize))
             spec = UnitSpec(u, keys, operands,
                             elements=sum(region_size(p.region) for _, c in copies for p, _ in c))
         spec.graph = g

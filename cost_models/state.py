@@ -23,7 +23,6 @@ from typing import Iterable, Mapping
 
 from vtcsearch.core.strategy import Strategy, StrategyError
 
-from vtcsearch.core.mapping import IndexMap
 
 from .accounting import PHYS, Accounting
 from .base import CostOracle, Evaluation
@@ -242,8 +241,7 @@ class SearchState:
             if copies is None:
                 return "cycle", False
             for domain, pairs in copies:
-                dm = IndexMap(domain, [d for d, _ in pairs], {p.target: acc.graph.tensors[p.target].shape
-                                                              for p, _ in pairs if p.target})
+                dm = acc.copy_maps(domain, pairs)[0]
                 if not acc.writable(dm):
                     return "non-injective-write", False
         return None, sensitive

@@ -1,33 +1,71 @@
-"""How each solver's time grows with VTOG size: writes ``results/solver_scaling/`` (CSV, PNG, README).
+"""The search at whole-model scale (issue 13): writes ``results/solver_scaling/`` (report.md, scaling.csv).
 
-    python -m experiments.solver_scaling                 # 25 .. 2,000 VTOG nodes
-    python -m experiments.solver_scaling --full          # up to 4,000
-    python -m experiments.solver_scaling --sizes 50 100  # custom
+    python -m experiments.solver_scaling                         # every model, greedy and ILP, decomposition off/on
+    python -m experiments.solver_scaling --models shufflenet     # some of them
+    python -m experiments.solver_scaling --out /tmp/scaling      # elsewhere
 
-Synthetic VTOGs (:mod:`experiments.synthetic`), the analytical oracle (H200),
-one CPU core for CP-SAT.  Each row carries the machine and the date.
+Per model (meta device, analytical oracle with the H200 preset, CP-SAT on one worker, this machine) and
+per solver (greedy and the ILP; with decomposition off and on for the synthetic VTOG and Llama): VTOG size, capture time (capture + VTOG), the solver's build time (the ILP: its greedy warm
+start, the configuration space and one oracle query per configuration, the CP-SAT model) and solve time
+(CP-SAT with its lazy cuts), status, objective, and CP-SAT's bound and gap.  Every row starts with cold
+memos (a new oracle, the core's memos cleared), so rows do not speed each other up.
 """
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import math
 import os
 import platform
+import sys
 import time
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from cost_models import AnalyticalOracle
-
 from solvers import get_solver
-from solvers.base import SolverRefused
+from vtcsearch.core.mapping import clear_memos
 
-SOLVERS = ["none", "all", "greedy", "ilp", "optuna", "exhaustive"]
-BUDGETS: dict[str, Any] = {"optuna": 50, "ilp": 120}
+# name -> (builder description, targets in seconds for the ILP: capture + build + solve)
+MODELS: dict[str, tuple[str, float]] = {
+    "synthetic2000": ("synthetic VTOG, 2,000 nodes (experiments.synthetic.random_vtog, seed 0, batch 2, seq 64)",
+                      30.0),
+    "llama3_8b_decode": ("Llama 3 8B decode step, 32 layers, embedding and LM head (llama3 part=model)", 60.0),
+    "shufflenet_v2": ("ShuffleNetV2 x1.0 at 224x224 (shufflenet)", 60.0),
+    "yolo11s": ("YOLO11s at 640x640 (yolo11 variant=s)", 60.0),
+    "efficientvit_b1": ("EfficientViT-B1 segmentation at 1024x2048 (efficientvit)", 60.0),
+}
+RUNS: list[tuple[str, bool]] = [("greedy", False), ("ilp", False), ("greedy", True), ("ilp", True)]
+# decomposition matters where a VTOG has many independent or repeated parts (random motifs, identical layers)
+RUNS_OF: dict[str, list[tuple[str, bool]]] = {"shufflenet_v2": RUNS[:2], "yolo11s": RUNS[:2],
+                                              "efficientvit_b1": RUNS[:2]}
+ILP_BUDGET = 60.0
+
+
+def build(name: str):
+    """(VTOG, seconds for capture + VTOG construction) of a model of :data:`MODELS`."""
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if name == "synthetic2000":
+            from experiments.synthetic import random_vtog
+            v = random_vtog(target_nodes=2000, seed=0, batch=2, seq=64, dims=(128, 256, 512))
+        else:
+            from experiments.workloads import build_workload
+            kw: dict[str, Any] = {
+                "llama3_8b_decode": dict(name="llama3", part="model", phase="decode", n_layers=32),
+                "shufflenet_v2": dict(name="shufflenet"),
+                "yolo11s": dict(name="yolo11", variant="s"),
+                "efficientvit_b1": dict(name="efficientvit"),
+            }[name]
+            w = build_workload(kw.pop("name"), device="meta", **kw)
+            v = build_vtog(capture(w.model, w.example_inputs))
+    return v, time.perf_counter() - t0
 
 
 def machine() -> dict[str, Any]:
-    import optuna
     import ortools
     import torch
     cpu = platform.processor() or platform.machine()
@@ -36,101 +74,118 @@ def machine() -> dict[str, Any]:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     except OSError:
         pass
+    import subprocess
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "?"
     return {"machine": platform.node(), "cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "ortools": ortools.__version__, "optuna": optuna.__version__,
+            "torch": torch.__version__, "ortools": ortools.__version__, "commit": commit,
             "date": dt.datetime.now().isoformat(timespec="seconds")}
 
 
-def run(sizes: Sequence[int], out: str = "results/solver_scaling", seed: int = 0,
-        solvers: Sequence[str] = SOLVERS, log=print):
-    import pandas as pd
+def one(v, capture_s: float, solver: str, decompose: bool) -> dict[str, Any]:
+    """One row: ``solver`` on VTOG ``v`` from cold memos."""
+    clear_memos()
+    oracle = AnalyticalOracle("H200")
+    kw: dict[str, Any] = {"decompose": decompose}
+    if solver == "ilp":
+        kw.update(workers=1, budget=ILP_BUDGET)
+    t0 = time.perf_counter()
+    c0 = time.process_time()
+    r = get_solver(solver)(v, oracle, **kw)
+    wall = time.perf_counter() - t0
+    cpu = time.process_time() - c0
+    r.strategy.validate()
+    info = r.info
+    row = {"solver": solver, "decompose": decompose, "status": str(r.status),
+           "objective_us": r.objective * 1e6, "capture_s": capture_s, "search_s": wall, "search_cpu_s": cpu,
+           "build_s": info.get("build_s"), "solve_s": info.get("solve_s"),
+           "bound_us": info["bound"] * 1e6 if isinstance(info.get("bound"), (int, float)) else None,
+           "gap": info.get("gap"), "parts": info.get("parts"), "solves": info.get("solves"),
+           "configurations": info.get("configurations"), "unit_queries": oracle.stats.unit_queries,
+           "incumbent": info.get("incumbent"), "complete": info.get("complete"),
+           "decomposition_failed": info.get("decomposition_failed")}
+    row["total_s"] = capture_s + wall
+    return row
 
-    from experiments.synthetic import random_vtog
+
+def run(models: Sequence[str], out: str = "results/solver_scaling", runs: Sequence[tuple[str, bool]] | None = None,
+        log: Callable[[str], None] = print):
+    import pandas as pd
     env = machine()
     rows = []
-    for n in sizes:
-        t0 = time.perf_counter()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            v = random_vtog(target_nodes=n, seed=seed, batch=2, seq=64, dims=(128, 256, 512))
-        gen = time.perf_counter() - t0
-        for s in solvers:
-            oracle = AnalyticalOracle("H200")
-            kw = {"workers": 1} if s == "ilp" else {}
-            t0 = time.perf_counter()
+    for name in models:
+        clear_memos()
+        v, cap = build(name)
+        size = {"model": name, "vtog_nodes": v.nx.number_of_nodes(), "options": len(v.options),
+                "tensors": len(v.graph.tensors), "ops": len(v.graph.ops)}
+        log(f"{name}: {size['vtog_nodes']} VTOG nodes, {size['options']} options, capture+VTOG {cap:.1f}s")
+        for solver, dec in (runs or RUNS_OF.get(name, RUNS)):
             try:
-                r = get_solver(s)(v, oracle, budget=BUDGETS.get(s), seed=seed, **kw)
-                row = r.summary()
-            except SolverRefused:
-                row = {"solver": s, "status": "refused"}
-            row.update(target=n, nodes=v.nx.number_of_nodes(), options=len(v.options),
-                       tensors=len(v.graph.tensors), capture_s=gen, total_s=time.perf_counter() - t0, **env)
+                row = one(v, cap, solver, dec)
+            except Exception as e:     # a failure is a result of this table, not the end of it
+                row = {"solver": solver, "decompose": dec, "status": f"error: {type(e).__name__}: {e}"[:200],
+                       "capture_s": cap}
+            row = {**size, **row, "target_s": MODELS[name][1] if solver == "ilp" else None, **env}
             rows.append(row)
-            log(f"{n:6d} nodes={row['nodes']:6d} {s:10s} {row.get('wall_s', float('nan')):8.2f}s "
-                f"{row.get('objective', float('nan')) * 1e6:10.2f}us {row['status']}")
-    df = pd.DataFrame(rows)
-    ilp = df[df.solver == "ilp"].set_index("target").objective
-    df["gap_to_ilp"] = [(o - ilp.get(t, float("nan"))) / ilp.get(t, float("nan")) for o, t in
-                        zip(df.get("objective", pd.Series([float("nan")] * len(df))), df.target)]
-    os.makedirs(out, exist_ok=True)
-    df.to_csv(os.path.join(out, "scaling.csv"), index=False)
-    _plot(df, os.path.join(out, "scaling.png"), env)
-    _readme(df, os.path.join(out, "README.md"), env)
-    return df
+            log(f"  {solver:6s} decompose={dec!s:5s} {row.get('total_s', math.nan):7.1f}s total "
+                f"(build {row.get('build_s') or math.nan:.1f}s, solve {row.get('solve_s') or math.nan:.1f}s) "
+                f"{row.get('objective_us', math.nan):10.2f} us {row['status']} gap {row.get('gap')}")
+            df = pd.DataFrame(rows)
+            os.makedirs(out, exist_ok=True)
+            df.to_csv(os.path.join(out, "scaling.csv"), index=False)
+            _report(df, os.path.join(out, "report.md"), env, models)
+    return pd.DataFrame(rows)
 
 
-def _plot(df, path: str, env: dict[str, Any]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ok = df[df.status != "refused"]
-    fig, ax = plt.subplots(1, 3, figsize=(15, 4.2))
-    for s, g in ok.groupby("solver"):
-        g = g.sort_values("nodes")
-        ax[0].plot(g.nodes, g.wall_s, "o-", label=s)
-        ax[1].plot(g.nodes, g.unit_queries, "o-", label=s)
-        ax[2].plot(g.nodes, 100 * g.gap_to_ilp, "o-", label=s)
-    for a, t in zip(ax, ["solver wall time [s]", "oracle configuration queries", "gap to ILP [%]"]):
-        a.set_xscale("log")
-        a.set_xlabel("VTOG nodes")
-        a.set_title(t)
-        a.grid(alpha=0.3)
-    ax[0].set_yscale("log")
-    ax[1].set_yscale("log")
-    ax[2].set_yscale("symlog", linthresh=1)
-    ax[0].axhline(60, color="grey", ls="--", lw=0.8)
-    ax[0].legend(fontsize=8)
-    fig.suptitle(f"solver scaling, analytical oracle (H200), 1 core: {env['cpu']} ({env['date'][:10]})", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+def _fmt(x, f: str = ".1f") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return format(x, f) if isinstance(x, (int, float)) and not isinstance(x, bool) else str(x)
 
 
-def _readme(df, path: str, env: dict[str, Any]) -> None:
-    piv = df.pivot_table(index="nodes", columns="solver", values="wall_s")
-    lines = ["# Solver scaling", "",
-             "Synthetic VTOGs (`experiments.synthetic.random_vtog`, meta shapes batch 2, seq 64, widths 128-512), "
-             "analytical oracle (H200 preset), CP-SAT on one worker; `python -m experiments.solver_scaling`.", "",
-             f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores; python {env['python']}, "
-             f"torch {env['torch']}, ortools {env['ortools']}, optuna {env['optuna']}; date {env['date']}.", "",
-             "Wall time per solver [s] (exhaustive: only where its space is at most 65,536 points):", "",
-             "| nodes | " + " | ".join(piv.columns) + " |", "|---" * (len(piv.columns) + 1) + "|"]
-    for n, r in piv.iterrows():
-        lines.append(f"| {n} | " + " | ".join("" if r[c] != r[c] else f"{r[c]:.2f}" for c in piv.columns) + " |")
-    lines += ["", "Full table: `scaling.csv`; plot: `scaling.png`."]
+def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
+    cmd = "python -m experiments.solver_scaling" + ("" if list(models) == list(MODELS) else
+                                                     " --models " + " ".join(models))
+    lines = ["# The search at whole-model scale", "",
+             f"`{cmd}` at commit {env['commit']}; {env['date']}.", "",
+             f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores (shared); python {env['python']}, "
+             f"torch {env['torch']}, ortools {env['ortools']}.  Meta device, analytical oracle (H200 preset), "
+             f"CP-SAT on one worker with a {ILP_BUDGET:.0f} s budget; each row from cold memos.", "",
+             "Models: " + "; ".join(f"**{m}**: {MODELS[m][0]}" for m in models) + ".", "",
+             "Columns: capture = capture + VTOG construction; build = the ILP's model building (its greedy warm "
+             "start, one oracle query per configuration, the CP-SAT model); solve = CP-SAT with lazy cuts; "
+             "total = capture + the whole search; target = the issue's bound on the ILP's total.  "
+             "Decomposed rows sum build and solve over the parts solved.", "",
+             "| model | VTOG nodes | options | solver | decomp. | capture s | build s | solve s | total s | target s "
+             "| status | objective us | bound us | gap | parts/solved |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, r in df.iterrows():
+        tgt = r.get("target_s")
+        met = ""
+        if isinstance(tgt, (int, float)) and not math.isnan(tgt) and isinstance(r.get("total_s"), float):
+            met = " (met)" if r["total_s"] <= tgt else f" (missed by {r['total_s'] - tgt:.0f} s)"
+        parts = "" if r.get("parts") is None or (isinstance(r.get("parts"), float) and math.isnan(r["parts"])) \
+            else f"{int(r['parts'])}/{int(r['solves'])}"
+        lines.append(f"| {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
+                     f"{'on' if r['decompose'] else 'off'} | {_fmt(r.get('capture_s'))} | {_fmt(r.get('build_s'))} | "
+                     f"{_fmt(r.get('solve_s'))} | {_fmt(r.get('total_s'))} | {_fmt(tgt, '.0f')}{met} | {r['status']} | "
+                     f"{_fmt(r.get('objective_us'), '.2f')} | {_fmt(r.get('bound_us'), '.2f')} | "
+                     f"{_fmt(r.get('gap'), '.4f')} | {parts} |")
+    lines += ["", "Full rows (also search CPU seconds, oracle queries, configurations): `scaling.csv`."]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", type=int, nargs="*", default=None)
-    ap.add_argument("--full", action="store_true")
+    ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--out", default="results/solver_scaling")
-    ap.add_argument("--solvers", nargs="*", default=SOLVERS)
     a = ap.parse_args(argv)
-    sizes = a.sizes or ([25, 50, 100, 200, 500, 1000, 2000, 4000] if a.full else [25, 50, 100, 200, 500, 1000, 2000])
-    run(sizes, a.out, solvers=a.solvers)
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+    run(a.models, a.out)
 
 
 if __name__ == "__main__":

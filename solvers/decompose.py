@@ -152,14 +152,19 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
         first = first or dict(r.info)        # the solver's own settings (refresh, ...), as a whole solve has them
         sub_info.append({"options": len(rep), "copies": len(members), "status": str(r.status),
                          "objective": r.objective, "wall_s": r.wall_s,
-                         **{k: r.info[k] for k in ("gap", "bound", "cuts") if k in r.info}})
+                         **{k: r.info[k] for k in ("gap", "bound", "cuts", "build_s", "solve_s") if k in r.info}})
         pos = sorted(r.options)              # sub-VTOG option i is option rep[i] of the whole
         for k in members:
             chosen.extend(ps[k][i] for i in pos)
         run.trace.extend({**row, "part": len(statuses) - 1, "copies": len(members)} for row in r.trace)
     info: dict[str, Any] = {**first, "parts": len(ps), "solves": len(classes), "sub_results": sub_info}
-    if any("cuts" in s for s in sub_info):
-        info["cuts"] = sum(s.get("cuts", 0) for s in sub_info)
+    for k in ("cuts", "build_s", "solve_s"):     # totals over the parts solved (not the first part's)
+        if any(k in s for s in sub_info):
+            info[k] = sum(s.get(k, 0) for s in sub_info)
+    info.pop("bound", None)     # a part's bound includes the rest of the graph: bounds do not add up
+    gaps = [s["gap"] for s in sub_info if "gap" in s]
+    if gaps:
+        info["gap"] = max(gaps)     # every part is proven within this relative gap
     try:
         res = run.finish(chosen, _combined(statuses), info)
         if res.info.get("dropped_by_final_validation"):

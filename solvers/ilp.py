@@ -232,15 +232,19 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         zs = []
         marg: dict[tuple[int, str], list] = defaultdict(list)
         for keys, ok, ps in lits_costs:
+            if not ok:        # impossible or forbidden (most pairs of a copy unit's maps): no variable at all
+                continue
             z = m.new_bool_var("")
             zs.append(z)
             for i in varying:
                 marg[i, keys[i]].append(z)
-            if not ok:
-                m.add(z == 0)
-            elif ps:
+            if ps:
                 lat_terms.append((ps, z))
         m.add_exactly_one(zs)
+        for i in varying:     # a map no allowed configuration uses cannot be taken
+            for k in ks[i]:
+                if (i, k) not in marg:
+                    m.add(wvar[u.tensors[i], k] == 0)
         # marginals: the configurations agreeing with tensor i's map sum to that map's indicator
         for (i, k), group in marg.items():
             m.add(sum(group) == wvar[u.tensors[i], k])
@@ -430,14 +434,11 @@ def _cap_configs(u, ks: list[list[str]], max_configs: int, wvar, m, info,
 
 
 def _copy_writable(acc, u, keys) -> bool:
-    from vtcsearch.core.mapping import IndexMap
     copies = acc.copies(u, keys)
     if copies is None:
         return False
     for domain, pairs in copies:
-        dm = IndexMap(domain, [d for d, _ in pairs], {p.target: acc.graph.tensors[p.target].shape
-                                                      for p, _ in pairs if p.target})
-        if not acc.writable(dm):
+        if not acc.writable(acc.copy_maps(domain, pairs)[0]):
             return False
     return True
 

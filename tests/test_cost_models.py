@@ -455,6 +455,40 @@ def test_fast_traffic_equals_symbolic():
     assert seen["fast"] > 50            # the fast path was taken often (and compared)
 
 
+
+def _clear_core_memos() -> None:
+    from vtcsearch.core.mapping import clear_memos
+    clear_memos()
+
+
+@pytest.mark.parametrize("name,params", [("shufflenet", {}), ("llama3", {"part": "layer", "phase": "decode"}),
+                                         ("yolo11", {"variant": "n"})])
+def test_memoized_costs_equal_fresh(name, params):
+    """Costs priced with every memo warm (traffic per map signature, shared across layers; the core's
+    normalized and composed pieces) equal those of a fresh oracle with cold memos, asked in another order."""
+    wl = pytest.importorskip("experiments.workloads")
+    from vtcsearch.core.capture import capture
+    w = wl.build_workload(name, size="tiny", **params)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    warm = AnalyticalOracle("H200")
+    acc = warm.accounting(v)
+    space = acc.configuration_space(max_trees=16, max_configs=64)
+    costs = [warm.unit_cost(acc, u, k) for u, k in space]
+    assert warm.traffic._by_piece and len(warm.traffic._by_pieces) < sum(c.feasible for c in costs)
+    picked = [i for i, c in enumerate(costs) if c.feasible and c.seconds > 0]
+    picked = picked[::max(1, len(picked) // 40)]
+    assert len(picked) >= 20
+    facc = AnalyticalOracle("H200").accounting(v)    # another accounting: its own trees, maps, copies
+    assert facc is not acc and facc.configuration_space(max_trees=16, max_configs=64) == space
+    for i in reversed(picked):
+        _clear_core_memos()
+        facc._copies.clear()
+        facc._copy_maps.clear()
+        u, keys = space[i]
+        c = AnalyticalOracle("H200").unit_cost(facc, facc.units[u.id], keys)   # a cold traffic model
+        assert (c.seconds, c.bytes, c.detail) == (costs[i].seconds, costs[i].bytes, costs[i].detail), u.name
+
+
 _GPU_PREPARE = r"""
 import json, sys, torch
 sys.path.insert(0, sys.argv[2])

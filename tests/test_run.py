@@ -53,7 +53,7 @@ TOP_TYPES = {
 }
 CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
               "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
-              "best_solver": OPT_STR, "error": OPT_STR, "floor": (dict, type(None))}
+              "best_solver": OPT_STR, "error": OPT_STR, "floor": (dict, type(None)), "prepare": (dict, type(None))}
 
 
 def typed(value, types) -> bool:
@@ -641,3 +641,45 @@ def test_cases_option_picks_a_subset_and_rejects_unknown(tmp_path, capsys, monke
     assert main([cfg, "--out", str(tmp_path / "o"), "--device", "cpu", "--cases", "yolo"]) == 2
     err = _err_line(capsys)
     assert "--cases" in err and "yolo11s_c3k2" in err
+
+
+def test_runner_prepares_the_profiling_oracle_before_searching(tmp_path, monkeypatch):
+    """With a profiling oracle the runner calls its ``prepare`` (parallel precompile) once per case, before any
+    solver measures, logs its counts and puts them in the case record."""
+    from cost_models.profiling import ProfilingOracle
+    calls = []
+    original = ProfilingOracle.prepare
+
+    def spy(self, vtog, *a, **kw):
+        calls.append(self.stats.measurements)       # nothing measured yet
+        return original(self, vtog, *a, max_trees=4, max_configs=16)
+
+    monkeypatch.setattr(ProfilingOracle, "prepare", spy)
+    cfg = TINY.read_text().replace("oracle: auto", "oracle: profiling\noracle_options: {repeats: 1, warmup: 0}")
+    cfg = cfg.replace("solvers: [none, greedy, ilp]", "solvers: [none, greedy]").replace("enabled: true", "enabled: false")
+    path = tmp_path / "tiny_profiling.yaml"
+    path.write_text(cfg)
+    out = tmp_path / "out"
+    assert main([str(path), "--out", str(out), "--device", "cpu", "--quiet"]) == 0
+    assert calls == [0]
+    s = json.loads((out / "summary.json").read_text())
+    rep = s["cases"][0]["prepare"]["profiling"]
+    assert rep["candidates"] > 0 and rep["to_measure"] == rep["candidates"] - rep["cached"]
+    assert rep["workers"] == 0 and "fallback" in rep          # the CPU reference timer has no compile step
+    assert "prepare (profiling" in (out / "log.txt").read_text()
+
+
+def test_compile_shufflenet_with_the_ilp_equals_eager():
+    """The held-out check of issue 13 at CI size: a whole ShuffleNetV2-like model (every stage, channel split,
+    concat and shuffle) through ``vtcsearch.compile`` with the default ILP.  Its configuration space is
+    priced by the analytical oracle in seconds (the unmemoized cost queries took minutes on a torchvision
+    x0.5 at 32x32); kept small, as pytest-timeout is not installed."""
+    from experiments.workloads import build_workload
+    torch.manual_seed(0)
+    w = build_workload("shufflenet", size="tiny", device="cpu", resolution=32)
+    c = vtcsearch.compile(w.model, w.example_inputs, solver="ilp")
+    assert c.result.status in ("optimal", "feasible", "greedy_incumbent")
+    assert c.result.info["configurations"] > 1000
+    with torch.no_grad():
+        got, ref = c(*w.example_inputs), w.model(*w.example_inputs)
+    assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4)

@@ -206,6 +206,37 @@ def make_oracle(ctx: RunContext, name: str | None = None):
     return get_oracle(name, objective=objective, **opts)
 
 
+def prepare_oracles(ctx: RunContext, vtog) -> dict[str, Any] | None:
+    """Precompile the candidate kernels of every profiling oracle the solvers search with (its ``prepare``:
+    a process pool), before any solver asks for a cost; returns its counts per oracle (None: no profiling).
+
+    ``prepare`` forks its workers, which is only safe while this process has not touched CUDA; on the GPU
+    path the workload is built on the device before capture, so there it reports ``workers: 0`` and the
+    kernels are compiled while timing (``fallback`` says so)."""
+    from cost_models.profiling import ProfilingOracle
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name in ctx.cfg.solvers:
+        o = ctx.oracle_for(name)
+        if not isinstance(o, ProfilingOracle) or id(o) in seen or split_solver(name)[0] in ("none", "all"):
+            continue
+        seen.add(id(o))
+        rep = dict(o.prepare(vtog))
+        if rep.get("to_measure") and not rep.get("workers"):
+            rep["fallback"] = ("CUDA already initialized in this process: compiled while timing"
+                               if _cuda_initialized() else "no parallel compile (one worker or no compile step)")
+        ctx.log(f"   prepare ({o.name}, {o.timer.name}): {rep['candidates']} candidate kernels, {rep['cached']} "
+                f"cached, {rep['compiled']} compiled, {rep['failed']} failed on {rep['workers']} workers "
+                f"({rep['seconds']:.1f} s)" + (f"; {rep['fallback']}" if "fallback" in rep else ""))
+        out[o.name] = rep
+    return out or None
+
+
+def _cuda_initialized() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
 def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
     """solver name -> SolveResult (validated), or an error string (refused / failed)."""
     from solvers import SolverRefused, get_solver
@@ -363,7 +394,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                                          "movement_by_onnx", "parameter_bytes")},
             "vtog": {k: vs[k] for k in ("nodes", "edges", "options", "candidates", "conflicts", "edges_by_class")},
             "build_s": t_build, "capture_s": t_capture, "vtog_s": t_vtog, "best_solver": None,
-            "error": None, "floor": None}
+            "error": None, "floor": None, "prepare": None}
     hw = None
     if cfg.breakdown.floors:
         hw = floors.hardware(cfg.hardware)
@@ -373,6 +404,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
 
     # search
     ctx.stage = "search"
+    case["prepare"] = prepare_oracles(ctx, vtog)
     results = solve_all(ctx, vtog, f"{label} bs{batch}")
     acc = ctx.oracle.accounting(vtog)
     rows: list[dict[str, Any]] = []
@@ -580,7 +612,7 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
     case = {"case": label, "batch": batch, "id": file_id(label, batch), "workload": cfg.workload.name,
             "description": "", "params": {**cfg.workload.params, **params, "size": cfg.workload.size},
             "dtype": cfg.dtype, "graph": {}, "vtog": {}, "build_s": 0.0, "capture_s": 0.0, "vtog_s": 0.0,
-            "best_solver": None, "error": reason, "floor": None}
+            "best_solver": None, "error": reason, "floor": None, "prepare": None}
     rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": variant_name(s),
              "kind": VariantKind.VTCSEARCH, "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
     rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": VariantKind.BASELINE,

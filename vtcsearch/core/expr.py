@@ -25,7 +25,12 @@ class Atom:
     """A non-linear leaf of an expression; subclasses are frozen dataclasses."""
 
     def key(self) -> str:
-        return repr(self)
+        # atoms are immutable: their text (the sort key of every Expr holding them) is computed once
+        k = self.__dict__.get("_key")
+        if k is None:
+            k = repr(self)
+            object.__setattr__(self, "_key", k)
+        return k
 
 
 @dataclass(frozen=True, repr=False)
@@ -82,13 +87,15 @@ class Lookup(Atom):
 class Expr:
     """``const + sum(coef * atom)``; immutable and hashable."""
 
-    __slots__ = ("terms", "const", "_hash")
+    __slots__ = ("terms", "const", "_hash", "_fv", "_repr")
 
     def __init__(self, terms: Mapping[Atom, int] | None = None, const: int = 0):
         items = sorted(((a, c) for a, c in (terms or {}).items() if c != 0), key=lambda t: t[0].key())
         self.terms: tuple[tuple[Atom, int], ...] = tuple(items)
         self.const = int(const)
         self._hash = hash((self.terms, self.const))
+        self._fv: frozenset[str] | None = None    # free_vars and repr, computed once (immutable)
+        self._repr: str | None = None
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -173,16 +180,23 @@ class Expr:
         return (a for a, _ in self.terms)
 
     def free_vars(self) -> set[str]:
-        out: set[str] = set()
-        for a in self.atoms():
-            if isinstance(a, Var):
-                out.add(a.name)
-            elif isinstance(a, (FloorDiv, Mod)):
-                out |= a.arg.free_vars()
-            elif isinstance(a, Lookup):
-                for e in a.index:
-                    out |= e.free_vars()
-        return out
+        return set(self.free_var_set())
+
+    def free_var_set(self) -> frozenset[str]:
+        """:meth:`free_vars` as a cached frozenset (no copy: the hot path of ``simplify``)."""
+        fv = self._fv
+        if fv is None:
+            out: set[str] = set()
+            for a in self.atoms():
+                if isinstance(a, Var):
+                    out.add(a.name)
+                elif isinstance(a, (FloorDiv, Mod)):
+                    out |= a.arg.free_var_set()
+                elif isinstance(a, Lookup):
+                    for e in a.index:
+                        out |= e.free_var_set()
+            fv = self._fv = frozenset(out)
+        return fv
 
     def is_affine(self) -> bool:
         """Linear in index variables and runtime scalars (no div/mod/lookup)."""
@@ -228,26 +242,31 @@ class Expr:
         return self._hash
 
     def __repr__(self) -> str:
-        parts = []
-        for a, c in self.terms:
-            parts.append(repr(a) if c == 1 else f"{c}*{a!r}")
-        if self.const or not parts:
-            parts.append(str(self.const))
-        return " + ".join(parts)
+        r = self._repr
+        if r is None:
+            parts = []
+            for a, c in self.terms:
+                parts.append(a.key() if c == 1 else f"{c}*{a.key()}")
+            if self.const or not parts:
+                parts.append(str(self.const))
+            r = self._repr = " + ".join(parts)
+        return r
 
     # -- transformation -----------------------------------------------------
     def subs(self, env: Mapping[str, "Expr"]) -> "Expr":
         """Replace index variables by expressions (composition of maps)."""
-        out = Expr(const=self.const)
-        for a, c in self.terms:
-            out = out + _subs_atom(a, env) * c
-        return out
+        return self.map_atoms(lambda a: _subs_atom(a, env))
 
     def map_atoms(self, fn: Callable[[Atom], "Expr"]) -> "Expr":
-        out = Expr(const=self.const)
+        # the sum of c * fn(a), built once (a chain of additions sorted the terms at every step)
+        terms: dict[Atom, int] = {}
+        const = self.const
         for a, c in self.terms:
-            out = out + fn(a) * c
-        return out
+            e = fn(a)
+            const += e.const * c
+            for b, d in e.terms:
+                terms[b] = terms.get(b, 0) + d * c
+        return Expr(terms, const)
 
 
 def _floordiv_atom(e: Expr, d: int) -> Expr:
@@ -353,7 +372,8 @@ def simplify(e: Expr, ranges: Ranges) -> Expr:
     ``c*(x % a) + c*a*((x // a) % b) -> c*(x % (a*b))`` and
     ``c*(x % a) + c*a*(x // a) -> c*x`` (re-merging dimensions a reshape split).
     """
-    key = (e, tuple(sorted((k, tuple(v)) for k, v in ranges.items() if k in e.free_vars())))
+    fv = e.free_var_set()
+    key = (e, tuple(sorted((k, tuple(v)) for k, v in ranges.items() if k in fv)))
     hit = _SIMPLIFIED.get(key)
     if hit is not None:
         return hit

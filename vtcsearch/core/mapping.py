@@ -214,15 +214,23 @@ class IndexMap:
                 continue
             bm = base[p.target]
             shapes.update(bm.target_shapes)
-            env = {f"i{k}": e for k, e in enumerate(p.index)}
+            env = None
             for q in bm.pieces:
-                conds = list(p.conds)
-                for k, (lo, hi) in enumerate(q.region):
-                    conds.append((p.index[k], lo, hi))
-                for ce, lo, hi in q.conds:
-                    conds.append((ce.subs(env), lo, hi))
-                index = tuple(e.subs(env) for e in q.index) if q.target is not None else ()
-                pieces.append(Piece(q.target, p.region, index, tuple(conds), q.fill))
+                got = _COMPOSED.get((p, q))
+                if got is None:
+                    if env is None:
+                        env = {f"i{k}": e for k, e in enumerate(p.index)}
+                    conds = list(p.conds)
+                    for k, (lo, hi) in enumerate(q.region):
+                        conds.append((p.index[k], lo, hi))
+                    for ce, lo, hi in q.conds:
+                        conds.append((ce.subs(env), lo, hi))
+                    index = tuple(e.subs(env) for e in q.index) if q.target is not None else ()
+                    got = Piece(q.target, p.region, index, tuple(conds), q.fill)
+                    if len(_COMPOSED) > 1 << 18:   # a bound on memory
+                        _COMPOSED.clear()
+                    _COMPOSED[p, q] = got
+                pieces.append(got)
         return IndexMap(self.shape, pieces, shapes)
 
     # -- structure queries --------------------------------------------------
@@ -263,9 +271,11 @@ class IndexMap:
 
     def covered_size(self) -> int | None:
         """Elements covered by box pieces (None when predicates make it unknown statically)."""
-        if not self.is_box_piecewise():
-            return None
-        return sum(region_size(p.region) for p in self.pieces)
+        got = self.__dict__.get("_covered", -1)   # maps are not changed after construction: computed once
+        if got == -1:
+            got = None if not self.is_box_piecewise() else sum(region_size(p.region) for p in self.pieces)
+            self._covered = got
+        return got
 
     def _strides(self, strides: Mapping[str, Sequence[int]] | None, target: str) -> Sequence[int]:
         if strides and target in strides:
@@ -429,7 +439,34 @@ def _piece_repr(p: Piece) -> str:
 
 
 def _normalize(p: Piece) -> Piece | None:
-    """Fold predicates on a single variable into the box; drop pieces that are empty."""
+    """Fold predicates on a single variable into the box; drop pieces that are empty.
+
+    Memoized per piece (pieces are immutable): searches build the same pieces in many maps."""
+    try:
+        return _NORMALIZED[p]
+    except KeyError:
+        pass
+    out = _normalize_piece(p)
+    if len(_NORMALIZED) > 1 << 18:   # a bound on memory
+        _NORMALIZED.clear()
+    _NORMALIZED[p] = out
+    return out
+
+
+_NORMALIZED: dict[Piece, Piece | None] = {}
+
+
+def clear_memos() -> None:
+    """Forget the process-wide memos of maps and expressions (timings from a cold start; tests)."""
+    from .expr import _SIMPLIFIED
+    _SIMPLIFIED.clear()
+    _NORMALIZED.clear()
+    _COMPOSED.clear()
+
+_COMPOSED: dict[tuple[Piece, Piece], Piece] = {}   # (outer piece, inner piece) -> composed piece (compose)
+
+
+def _normalize_piece(p: Piece) -> Piece | None:
     region = list(p.region)
     if any(lo >= hi for lo, hi in region):
         return None
