@@ -418,15 +418,19 @@ class TrafficModel:
         if count == 0:
             return None
         rb = max(1, run_el) * itemsize
-        factor = math.ceil(rb / self.sector) * self.sector / rb
-        if rb < self.coalesce:
-            factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
-        if swapped:
-            factor *= penalty
+        factor = self.run_factor(rb, penalty if swapped else 1.0)
         return Traffic(elements=count, distinct=distinct, bytes=count * itemsize,
                        dram_bytes=distinct * itemsize * factor,
                        l2_bytes=(count - distinct) * itemsize, index_ops=ops * count, min_run_bytes=rb,
                        swapped_dram=distinct * itemsize * factor if swapped else 0.0)
+
+    def run_factor(self, run_bytes: int, penalty: float = 1.0) -> float:
+        """DRAM bytes moved per useful byte for contiguous runs of ``run_bytes``: whole sectors, a short-run
+        penalty under the coalescing width, and ``penalty`` for an access coalesced only when swapped."""
+        factor = math.ceil(run_bytes / self.sector) * self.sector / run_bytes
+        if run_bytes < self.coalesce:
+            factor *= 1.0 + self.short_run_penalty * (1.0 - run_bytes / self.coalesce)
+        return factor * penalty
 
     def _affine_piece(self, p: Piece, coefs: tuple[int, ...], shape: tuple[int, ...], n: int,
                       itemsize: int, tile2d: bool = True, penalty: float = 1.0) -> Traffic:
@@ -447,11 +451,7 @@ class TrafficModel:
             distinct = math.prod(hi - lo for c, (lo, hi) in zip(coefs, region) if c != 0 and hi - lo != 1)
             distinct = min(n, max(distinct, 1))
             rb = max(1, run) * itemsize
-            factor = math.ceil(rb / self.sector) * self.sector / rb
-            if rb < self.coalesce:
-                factor *= 1.0 + self.short_run_penalty * (1.0 - rb / self.coalesce)
-            if swapped:
-                factor *= penalty
+            factor = self.run_factor(rb, penalty if swapped else 1.0)
             hit = self._affine[key] = (distinct, factor, rb, swapped)
         distinct, factor, rb, swapped = hit
         return Traffic(elements=n, distinct=distinct, bytes=n * itemsize, dram_bytes=distinct * itemsize * factor,

@@ -117,14 +117,8 @@ _PARTIAL = """
 @triton.jit
 def gemm_partial_kernel(@params@, ws, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr):
     @@prologue
-    pid = tl.program_id(0)
-    pid_b = tl.program_id(1)
     pid_k = tl.program_id(2)
-    num_pid_n = tl.cdiv(@N@, BN)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
+    @@tile
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(pid_k * KS, pid_k * KS + KS, BK):
         rk = k0 + tl.arange(0, BK)
@@ -139,13 +133,7 @@ _REDUCE = """
 @triton.jit
 def gemm_reduce_kernel(@params@, ws, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
     @@prologue
-    pid = tl.program_id(0)
-    pid_b = tl.program_id(1)
-    num_pid_n = tl.cdiv(@N@, BN)
-    pid_m = pid // num_pid_n
-    pid_n = pid % num_pid_n
-    rm = pid_m * BM + tl.arange(0, BM)
-    rn = pid_n * BN + tl.arange(0, BN)
+    @@tile
     wmask = (rm[:, None] < @M@) & (rn[None, :] < @N@)
     y = tl.zeros((BM, BN), dtype=tl.float32)
     for s in tl.static_range(SPLIT):
@@ -154,6 +142,12 @@ def gemm_reduce_kernel(@params@, ws, BM: tl.constexpr, BN: tl.constexpr, SPLIT: 
     @@epilogue
     @@store
 """
+
+
+# the output tile of a split-K program (both kernels): row-major over N tiles, batch on grid axis 1
+_SPLIT_TILE = ["pid = tl.program_id(0)", "pid_b = tl.program_id(1)", "num_pid_n = tl.cdiv(@N@, BN)",
+               "pid_m = pid // num_pid_n", "pid_n = pid % num_pid_n", "rm = pid_m * BM + tl.arange(0, BM)",
+               "rn = pid_n * BN + tl.arange(0, BN)"]
 
 
 @dataclass
@@ -322,7 +316,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         tiles = -(-M // BM) * -(-N // BN)
         modes = {k: io.modes for k, io in ios.items()}
         if split > 1:
-            dims = dict(params=params, prologue=prologue, M=str(M), N=str(N), B=str(B))
+            dims = dict(params=params, prologue=prologue, tile=[ln.replace("@N@", str(N)) for ln in _SPLIT_TILE],
+                        M=str(M), N=str(N), B=str(B))
             psrc = render(_PARTIAL, **dims, load_a=load_a, load_b=load_b, dot_opts=dot_opts)
             rsrc = render(_REDUCE, **dims, epilogue=epi, store=store)
             opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
