@@ -214,10 +214,14 @@ def prepare_oracles(ctx: RunContext, vtog) -> dict[str, Any] | None:
     path the workload is built on the device before capture, so there it reports ``workers: 0`` and the
     kernels are compiled while timing (``fallback`` says so)."""
     from cost_models.profiling import ProfilingOracle
+    from solvers import SolverRefused
     out: dict[str, Any] = {}
     seen: set[int] = set()
     for name in ctx.cfg.solvers:
-        o = ctx.oracle_for(name)
+        try:
+            o = ctx.oracle_for(name)
+        except SolverRefused:          # its solver reports why (solve_all)
+            continue
         if not isinstance(o, ProfilingOracle) or id(o) in seen or split_solver(name)[0] in ("none", "all"):
             continue
         seen.add(id(o))
