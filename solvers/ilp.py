@@ -333,6 +333,7 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
     """Variables of a kernel with several implementations: ``p[g, i]`` (exactly one) and one ``z`` per
     (configuration, implementation) linked to the maps' ``w`` and to ``p``; returns the ``z`` count."""
     impls = oracle.unit_implementations(acc, u)
+    rank = {im: k for k, im in enumerate(impls)}   # choices() keeps the oracle's order of preference
     combos = [tuple(c) for c in itertools.product(*ks)]
     costs = {(keys, im): oracle.unit_cost(acc, u, keys, im) if obj.needs_latency else None
              for keys in combos for im in impls}
@@ -358,7 +359,9 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
             if not ok:
                 m.add(z == 0)
             elif c is not None and c.seconds:
-                lat_terms.append((int(round(c.seconds * PS)), z))
+                # + the implementation's rank in picoseconds: on equal cost the oracle's order of preference wins
+                # (as in best_implementation) instead of CP-SAT's arbitrary pick
+                lat_terms.append((int(round(c.seconds * PS)) + rank[im], z))
     m.add_exactly_one(zs)
     for (i, k), group in marg.items():
         m.add(sum(group) == wvar[u.tensors[i], k])
