@@ -39,6 +39,9 @@ from .kernels.codecache import interpreting
 from .inductor import lower_inductor, regions
 from .library import lower_as
 from .lowering import Context, Launch
+from . import memory
+from .memory import Arena
+from .timing import side_stream
 from ..core.strategy import Strategy
 
 __all__ = ["Executable", "Step", "realize", "state_from_module"]
@@ -98,7 +101,10 @@ class Executable:
     """The graph as kernels over physical storages, per a strategy."""
 
     def __init__(self, graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor], *,
-                 device: torch.device | str | None = None, validate: bool = True, poison: bool = True):
+                 device: torch.device | str | None = None, validate: bool = True, poison: bool = True,
+                 reuse_memory: bool = True):
+        """``reuse_memory``: intermediate storages with disjoint lifetimes share blocks
+        (:mod:`vtcsearch.codegen.memory`); off, every storage has its own."""
         if validate:
             strategy.validate()
         self.graph, self.strategy = graph, strategy
@@ -123,7 +129,9 @@ class Executable:
                 if tuple(v.shape) != info.shape or v.dtype != info.dtype:
                     raise ValueError(f"{t}: expected {info.shape} {info.dtype}, got {tuple(v.shape)} {v.dtype}")
                 self.storages[t] = v if v.device == dev else v.to(dev)
-        self.allocated_bytes = 0
+        self._own_bytes = 0
+        self.reuse_memory = reuse_memory
+        self.arena = Arena(dev)
         self._operands: dict[str, Operand] = {}
         self.steps: list[Step] = []
         self.folded: list[str] = []
@@ -139,17 +147,32 @@ class Executable:
         s = self.storages.get(name)
         if s is None:
             info = self.graph.tensors[name]
-            s = self._scratch(info.shape, info.dtype)
+            s = self._allocate(name if self.arena.shares(name) else "", info.shape, info.dtype)
             self.storages[name] = s
+        self.arena.touched((name,))
         return s
 
     def _scratch(self, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """Memory a lowering uses within its own step (shared with other steps' scratch when reusing)."""
+        return self._allocate(None if self.reuse_memory else "", shape, dtype)
+
+    def _allocate(self, name: str | None, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+        """``name``: a storage the arena plans; None: this step's scratch; "": memory of its own."""
+        if name == "":
+            s = torch.empty(tuple(shape), dtype=dtype, device=self.device)
+            self._own_bytes += s.numel() * s.element_size()
+        else:
+            s = self.arena.take(name, shape, dtype)
         if self.poison and dtype.is_floating_point:
-            s = torch.full(tuple(shape), float("nan"), dtype=dtype, device=self.device)
+            s.fill_(float("nan"))
         else:   # integers may be read as indices: never uninitialised memory
-            s = torch.zeros(tuple(shape), dtype=dtype, device=self.device)
-        self.allocated_bytes += s.numel() * s.element_size()
+            s.zero_()
         return s
+
+    @property
+    def allocated_bytes(self) -> int:
+        """Bytes this executable allocated for intermediates and scratch (not the module's state)."""
+        return self._own_bytes + self.arena.allocated_bytes
 
     def operand(self, t: str) -> Operand:
         """Tensor ``t`` as kernels see it: its resolved map over the storages."""
@@ -159,6 +182,11 @@ class Executable:
             op = Operand(m, {s: self.storage(s) for s in m.targets()}, tables={tb: self.index_tensor(tb) for tb in m.tables()},
                          dtype=self.graph.tensors[t].dtype)
             self._operands[t] = op
+        else:
+            m = self.strategy.resolve(t)
+            self.arena.touched(m.targets())
+            for tb in m.tables():
+                self.index_tensor(tb)
         return op
 
     def index_tensor(self, name: str) -> torch.Tensor:
@@ -173,7 +201,14 @@ class Executable:
         g, s = self.graph, self.strategy
         ctx = Context(g, self.operand, self._scratch, self.device)
         const = constant_tensors(g)
-        for run in regions(g, s, g.steps, const):
+        runs = regions(g, s, g.steps, const)
+        if self.reuse_memory:
+            keep = set(self.storages)   # the module's state and the inputs
+            for t in list(g.outputs) + sorted(const):
+                keep |= set(s.resolve(t).targets())
+            self.arena = Arena(self.device, memory.plan(g, s, runs, keep))
+        for k, run in enumerate(runs):
+            self.arena.begin(k)
             name = run[0]
             if name in g.groups and s.implementation(name) == "inductor":   # compiled (and run once) as a region
                 self.steps.append(Step(name, "kernel", lower_inductor(ctx, run)))
@@ -200,6 +235,8 @@ class Executable:
                 self.folded.append(name)       # done once, just now
             elif launch.plans:
                 self.steps.append(Step(name, "copy", launch))
+
+        self.arena.check()
 
     def _tables(self, r) -> dict[str, torch.Tensor]:
         out = {}
@@ -241,13 +278,13 @@ class Executable:
         if self.device.type != "cuda":
             raise RuntimeError("CUDA graphs need a CUDA device")
         mutable = {t: self.storages[t].clone() for t, i in self.graph.tensors.items() if i.mutable}
-        stream = torch.cuda.Stream()
+        stream = side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.no_grad(), torch.cuda.stream(stream):
             self.run()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
+        with torch.no_grad(), torch.cuda.graph(graph, stream=stream):
             self.run()
         for t, v in mutable.items():
             self.storages[t].copy_(v)
@@ -280,8 +317,9 @@ class Executable:
 
 
 def realize(graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor] | torch.nn.Module, *,
-            device: torch.device | str | None = None, validate: bool = True) -> Executable:
-    """Build the executable of ``graph`` under ``strategy``; ``state`` is the module (or its graph-named tensors)."""
+            device: torch.device | str | None = None, validate: bool = True, reuse_memory: bool = True) -> Executable:
+    """Build the executable of ``graph`` under ``strategy``; ``state`` is the module (or its graph-named tensors);
+    ``reuse_memory``: intermediates with disjoint lifetimes share memory (:mod:`vtcsearch.codegen.memory`)."""
     if isinstance(state, torch.nn.Module):
         state = state_from_module(graph, state)
-    return Executable(graph, strategy, state, device=device, validate=validate)
+    return Executable(graph, strategy, state, device=device, validate=validate, reuse_memory=reuse_memory)

@@ -44,6 +44,36 @@ def _summarize(samples_us: list[float], method: str) -> Timing:
     return Timing(statistics.median(s), q(0.2), q(0.8), len(s), method)
 
 
+_SIDE_STREAM: Any = None
+
+
+def side_stream() -> Any:
+    """The one stream every warm-up before a CUDA-graph capture, and the capture itself, runs on.
+
+    cuBLAS keeps a workspace (32 MiB on Hopper) per stream it ever ran on, for the life of the process: a new
+    stream per capture would leave one more each time and make every graphed variant look 32 MiB larger."""
+    global _SIDE_STREAM
+    import torch
+    if _SIDE_STREAM is None:
+        _SIDE_STREAM = torch.cuda.Stream()
+    return _SIDE_STREAM
+
+
+def warm_side_stream() -> None:
+    """Allocate the side stream's library workspaces now (a tiny cuBLAS / cuBLASLt call on it), so that memory
+    measured around a variant's build does not count them."""
+    import torch
+    s = side_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for dt in (torch.float16, torch.bfloat16, torch.float32):
+            a = torch.ones(8, 8, device="cuda", dtype=dt)
+            torch.mm(a, a)
+            torch.addmm(a[0], a, a)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+
+
 def _device_type(device: Any) -> str:
     import torch
     if device is None:
@@ -68,7 +98,7 @@ def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True,
     # warm-up (compiles and autotunes outside the timing); before a capture it runs on a side stream, as
     # torch.cuda.graph requires; plain calls warm up where they are timed (cudagraph trees key on the stream)
     if cuda_graph:
-        stream = torch.cuda.Stream()
+        stream = side_stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(max(warmup, 1)):
@@ -80,7 +110,7 @@ def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True,
     torch.cuda.synchronize()
     if cuda_graph:
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=side_stream()):
             for _ in range(calls_per_graph):
                 fn()
         torch.cuda.synchronize()
