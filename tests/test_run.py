@@ -683,3 +683,26 @@ def test_compile_shufflenet_with_the_ilp_equals_eager():
     with torch.no_grad():
         got, ref = c(*w.example_inputs), w.model(*w.example_inputs)
     assert torch.allclose(got, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_half_precision_numerics_judged_against_fp32():
+    """Beyond allclose of eager, a half-precision output passes only when it is no further from an fp32 run than
+    eager's own rounding allows; a wrong answer still fails."""
+    import torch
+    from types import SimpleNamespace
+
+    from vtcsearch.config import NumericsConfig
+    from vtcsearch.run import NumericsCopy
+
+    copy = NumericsCopy.__new__(NumericsCopy)
+    copy.ctx = SimpleNamespace(cfg=SimpleNamespace(numerics=NumericsConfig(rtol=1e-3, atol=1e-3)))
+    torch.manual_seed(0)
+    ref32 = torch.randn(4096) * 30
+    eager = ref32.half()
+    other = (ref32 + torch.randn(4096) * 0.01).half()      # rounds differently: off eager beyond 1e-3
+    assert not torch.allclose(other.float(), eager.float(), rtol=1e-3, atol=1e-3)
+    assert copy._close(other, eager, ref32)
+    wrong = eager.clone()
+    wrong[7] += 4
+    assert not copy._close(wrong, eager, ref32)
+    assert not copy._close(other, eager, None)              # no fp32 reference: allclose decides

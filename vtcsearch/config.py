@@ -51,6 +51,9 @@ class NumericsConfig:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None   # null: the config's dtype
     rtol: float = 2e-2                                  # allclose tolerances (bf16/fp16 outputs)
     atol: float = 2e-2
+    # half precision: an output off eager beyond rtol/atol still passes when its error against an fp32 run of
+    # the model is at most fp32_factor x eager's own (kernels that round differently, not wrong answers)
+    fp32_factor: float = 2.0
     # workload parameters of the copy, over the case's; null means the builder's default for that size
     # (e.g. {context: null}: the tiny Llama's 32-token context instead of the case's 4096)
     params: dict[str, Any] = field(default_factory=dict)
@@ -268,6 +271,8 @@ def _check_names(cfg: Config, where: str) -> None:
     n = cfg.numerics
     if n.batch is not None and n.batch < 1:
         fail("numerics.batch", f"must be >= 1, got {n.batch}")
+    if n.fp32_factor < 1:
+        fail("numerics.fp32_factor", f"must be >= 1 (a multiple of eager's own error), got {n.fp32_factor}")
     if n.rtol < 0 or n.atol < 0:
         fail("numerics", "tolerances must be >= 0")
     if not cfg.output.strip():

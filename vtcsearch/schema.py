@@ -53,4 +53,4 @@ INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes"
               "unit_queries", "measurements", "fallbacks")
 NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
                    "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
-                   "copy_kernels", "fallbacks", "same_strategy_as", "error")
+                   "copy_kernels", "fallbacks", "same_strategy_as", "rel_err_fp32", "eager_rel_err_fp32", "error")
