@@ -167,8 +167,13 @@ class SplitPlan(Plan):
         return len(self.parts)
 
 
-def _split_configs(M: int, N: int, K: int, B: int, sms: int) -> list[dict]:
-    """Split-K configurations for an output with too few tiles to fill ``sms`` SMs and a long K."""
+def split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> list[dict]:
+    """Split-K configurations for an output with too few tiles to fill ``sms`` SMs and a long K.
+
+    The one place that decides when and how a GEMM is split: the autotuner times these next to the
+    tiled configurations, and the analytical model (:mod:`cost_models.analytical`) prices the same
+    list, so a CPU search and a GPU run consider the same kernels.  Empty when splitting cannot pay
+    (enough tiles already, or a short K loop)."""
     out = []
     for bm, bn, bk, w, st in ((16, 32, 128, 4, 3), (32, 32, 64, 4, 4), (16, 16, 256, 2, 3)):
         bm, bn, bk = min(bm, max(16, next_pow2(M))), min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
@@ -246,7 +251,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
     if split_k is not None and split_k > 1:
         configs = [dict(configs[0], GROUP_M=1, SPLIT=split_k)]
     elif gpu:
-        configs += _split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
+        configs += split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
     base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature())
     dot_dt = tl_dtype(a.dtype) if a.dtype == b.dtype and a.dtype.is_floating_point else "tl.float32"
     if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
