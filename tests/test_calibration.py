@@ -109,7 +109,8 @@ def _gemm_cost(m: int, n: int, k: int, batch: int, **kw) -> tuple[float, int]:
     return c.seconds, c.detail.get("split_k", 1)
 
 
-@pytest.mark.parametrize("m,n,k,batch", [(32, 32, 8192, 16)])
+@pytest.mark.parametrize("m,n,k,batch", [(32, 32, 8192, 16), (1, 4096, 4096, 1), (16, 4096, 4096, 1),
+                                         (1, 4096, 14336, 1)])
 def test_split_k_prices_small_m_long_k_gemms_lower(m, n, k, batch):
     """LiteMLA's K=8192 bmm and decode GEMMs (M <= 16, Llama 3 8B's K and N) fill the SMs only when split
     along K: the model prices the split kernel, the same configs the autotuner times, below the tiled one;
@@ -120,10 +121,12 @@ def test_split_k_prices_small_m_long_k_gemms_lower(m, n, k, batch):
     assert t_split < 0.9 * t_tiled, (t_split, t_tiled)
 
 
-def test_split_k_leaves_large_gemms_alone():
-    """A large square GEMM has tiles for every SM: no split configuration, the same price either way."""
-    t, s = _gemm_cost(2048, 2048, 2048, 1)
-    assert s == 1 and t == _gemm_cost(2048, 2048, 2048, 1, split_k=False)[0]
+@pytest.mark.parametrize("m,n,k", [(2048, 2048, 2048), (16, 14336, 4096)])
+def test_split_k_leaves_gemms_with_enough_programs_alone(m, n, k):
+    """A large square GEMM, or a decode GEMM whose tiled grid already streams at full bandwidth (Llama's
+    up projection: 896 programs), keeps the tiled price."""
+    t, s = _gemm_cost(m, n, k, 1)
+    assert s == 1 and t == _gemm_cost(m, n, k, 1, split_k=False)[0]
 
 
 def test_calibrate_no_split_k_predicts_the_tiled_model():

@@ -372,6 +372,26 @@ def test_gemm_split_k_equals_the_tiled_kernel(split, kind):
     assert_written(out, torch.nn.functional.silu((ar @ br) * 0.5 + bias) + res)
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gemm_decode_split_k_configs(m):
+    """The decode (M <= 16) weight-streaming split-K configs: wide BN/BK tiles, enough splits for 2x the SMs
+    where K allows (8 SMs here, tiny sizes for the interpreter); the chosen config runs and equals torch, epilogue included."""
+    from vtcsearch.codegen.kernels.gemm import decode_split_configs, split_configs
+    n, k = 256, 1024
+    cfgs = decode_split_configs(m, n, k, sms=8)
+    assert cfgs and all(c in split_configs(m, n, k, sms=8) for c in cfgs)
+    assert all(c["BM"] == 16 and c["BN"] >= 32 and c["BK"] >= 128 for c in cfgs)
+    assert all(-(-n // c["BN"]) * c["SPLIT"] >= 16 or k // (2 * c["SPLIT"]) < c["BK"] for c in cfgs)
+    assert not decode_split_configs(32, n, k, sms=8) and not decode_split_configs(m, 4096, k, sms=8)
+    cfg = cfgs[0]
+    x, w, bias = rnd(m, k), linear_weight(n, k), rnd(n)
+    o = torch.empty(m, n)
+    plan = gemm(Operand.dense(x, "a"), w[0], Operand.dense(o, "out"),
+                Epilogue(bias=Operand.dense(bias, "bias"), activation="silu"), config=cfg)
+    assert plan.config["SPLIT"] == cfg["SPLIT"] > 1 and plan.kernels == 2
+    torch.testing.assert_close(o, torch.nn.functional.silu(x @ w[1] + bias), rtol=1e-4, atol=1e-4)
+
+
 def test_gemm_split_k_batched():
     x = rnd(3, M, K)
     y = rnd(3, K, N)

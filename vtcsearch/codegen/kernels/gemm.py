@@ -173,7 +173,9 @@ def split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> list[di
     The one place that decides when and how a GEMM is split: the autotuner times these next to the
     tiled configurations, and the analytical model (:mod:`cost_models.analytical`) prices the same
     list, so a CPU search and a GPU run consider the same kernels.  Empty when splitting cannot pay
-    (enough tiles already, or a short K loop)."""
+    (enough tiles already, or a short K loop).  For M <= 16 (decode) the weights are streamed once
+    whatever the tiling: wide BLOCK_N / BLOCK_K tiles with enough splits that the grid has at least
+    ``2 * sms`` programs (:func:`decode_split_configs`)."""
     out = []
     for bm, bn, bk, w, st in ((16, 32, 128, 4, 3), (32, 32, 64, 4, 4), (16, 16, 256, 2, 3)):
         bm, bn, bk = min(bm, max(16, next_pow2(M))), min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
@@ -185,6 +187,31 @@ def split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> list[di
                 break
             out.append({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 1, "SPLIT": split, "num_warps": w,
                         "num_stages": st})
+    if M <= 16:
+        seen = {(c["BM"], c["BN"], c["BK"], c["SPLIT"]) for c in out}
+        out += [c for c in decode_split_configs(M, N, K, B, sms) if (c["BM"], c["BN"], c["BK"], c["SPLIT"]) not in seen]
+    return out
+
+
+def decode_split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> list[dict]:
+    """Split-K for weight streaming (M <= 16): BLOCK_M 16, BLOCK_N 32-128 and BLOCK_K 128-256 (long
+    vectorised loads of the weight rows), and the fewest power-of-two splits that give the grid
+    ``>= 2 * sms`` programs (and that split once more), each split keeping at least one BK step."""
+    if M > 16:
+        return []
+    out = []
+    for bn, bk, w, st in ((64, 256, 4, 3), (128, 128, 4, 4), (32, 256, 4, 4), (128, 256, 8, 3)):
+        bn, bk = min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
+        tiles = -(-N // bn) * B
+        if tiles >= 2 * sms:        # the grid fills the SMs unsplit (an LM head): splitting only adds traffic
+            continue
+        split = 2
+        while tiles * split < 2 * sms and K // (2 * split) >= bk:
+            split *= 2
+        for s in (split, 2 * split):
+            if K // s >= bk and K >= 4 * bk:
+                out.append({"BM": 16, "BN": bn, "BK": bk, "GROUP_M": 1, "SPLIT": s, "num_warps": w,
+                            "num_stages": st})
     return out
 
 
@@ -215,8 +242,10 @@ def _batched(op: Operand, shape: Sequence[int]) -> Operand:
     return op if op.shape == tuple(shape) else op.broadcast_to(shape)
 
 
-def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None) -> Plan:
-    """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits)."""
+def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None,
+         config: dict | None = None) -> Plan:
+    """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits;
+    ``config``: force one whole configuration, e.g. one of :func:`split_configs`, for tests and benches)."""
     ep = epilogue or Epilogue()
     if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
         raise ValueError("gemm takes 2-d or 3-d operands")
@@ -248,7 +277,12 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         raise ValueError(f"unknown activation {ep.activation!r}")
     gpu = not interpreting() and out.device.type == "cuda"
     configs = _configs(M, N, K, gpu)
-    if split_k is not None and split_k > 1:
+    if config is not None:
+        missing = {"BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages"} - set(config)
+        if missing:
+            raise ValueError(f"gemm config lacks {sorted(missing)}")
+        configs = [dict(config)]
+    elif split_k is not None and split_k > 1:
         configs = [dict(configs[0], GROUP_M=1, SPLIT=split_k)]
     elif gpu:
         configs += split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
