@@ -4,7 +4,7 @@
 ``b`` [B?, K, N] and ``out`` [B?, M, N] (a 2-d operand next to 3-d ones is broadcast
 over the batch).  Accumulation is fp32; the epilogue is, in this order::
 
-    y = acc * scale (+ bias)          bias: any operand broadcastable to out
+    y = acc * scale (* mul) (+ bias)  mul, bias: any operands broadcastable to out
     y = activation(y)                 relu | silu | sigmoid | tanh | gelu | gelu_tanh
     y = rope(y)                       interleaved pairs (2i, 2i+1) within each head
     y = y + residual                  residual: broadcastable to out
@@ -66,6 +66,7 @@ class Epilogue:
 
     scale: float = 1.0
     bias: Operand | None = None
+    mul: Operand | None = None      # a per-element factor before the bias (a conv's folded BatchNorm scale)
     activation: str | None = None
     rope: Rope | None = None
     residual: Operand | None = None
@@ -78,7 +79,8 @@ class Epilogue:
         rs = None if r is None else (r.cos.signature(), r.sin.signature(), r.head_dim, r.cols)
         return repr((self.scale, self.bias.signature() if self.bias else None, self.activation, rs,
                      self.residual.signature() if self.residual else None, tuple(self.lines), self.expr,
-                     tuple(o.signature() for o in self.operands)))
+                     tuple(o.signature() for o in self.operands),
+                     self.mul.signature() if self.mul is not None else None))
 
 
 _TEMPLATE = """
@@ -243,9 +245,11 @@ def _batched(op: Operand, shape: Sequence[int]) -> Operand:
 
 
 def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None,
-         config: dict | None = None) -> Plan:
+         config: dict | None = None, serial_pieces: bool = False) -> Plan:
     """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits;
-    ``config``: force one whole configuration, e.g. one of :func:`split_configs`, for tests and benches)."""
+    ``config``: force one whole configuration, e.g. one of :func:`split_configs`, for tests and benches;
+    ``serial_pieces``: no software pipelining of a K loop that reads ``a`` or ``b`` through a piecewise
+    map, the convolution template's guard against Triton 3.6 miscompiling it on the H200)."""
     ep = epilogue or Epilogue()
     if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
         raise ValueError("gemm takes 2-d or 3-d operands")
@@ -261,6 +265,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         a, b = _batched(a, (B, M, K)), _batched(b, (B, K, N))
     oshape = out.shape
     bias = _batched(ep.bias, oshape) if ep.bias is not None else None
+    mul = _batched(ep.mul, oshape) if ep.mul is not None else None
     res = _batched(ep.residual, oshape) if ep.residual is not None else None
     rope = ep.rope
     if rope is not None:
@@ -286,11 +291,15 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         configs = [dict(configs[0], GROUP_M=1, SPLIT=split_k)]
     elif gpu:
         configs += split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
-    base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature())
+    base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature(),
+                      *(("serial_pieces",) if serial_pieces else ()))
     dot_dt = tl_dtype(a.dtype) if a.dtype == b.dtype and a.dtype.is_floating_point else "tl.float32"
     if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
         dot_dt = "tl.float32"
     dot_opts = ', input_precision="ieee"' if dot_dt == "tl.float32" and gpu else ""
+
+    def unpipelined(ios: dict) -> bool:
+        return serial_pieces and any(m != "single" for k in ("a", "b") for m in ios[k].modes)
 
     def build(cfg: dict) -> Plan:
         BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
@@ -315,6 +324,10 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         epi: list[str] = []
         if ep.scale != 1.0:
             epi.append(f"y = y * {float(ep.scale)!r}")
+        if mul is not None:
+            ios["mul"] = IO(mul, "mul")
+            epi += ios["mul"].load("mul", oidx, shape="(BM, BN)", mask=omask, block=oblk)
+            epi.append("y = y * mul")
         if bias is not None:
             ios["bias"] = IO(bias, "bias")
             epi += ios["bias"].load("bias", oidx, shape="(BM, BN)", mask=omask, block=oblk)
@@ -360,6 +373,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
             psrc = render(_PARTIAL, **dims, load_a=load_a, load_b=load_b, dot_opts=dot_opts)
             rsrc = render(_REDUCE, **dims, epilogue=epi, store=store)
             opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
+            if unpipelined(ios):
+                opts["num_stages"] = 1
             part = Plan("gemm_partial", compile_source("gemm_partial_kernel", psrc), (tiles, B, split),
                         {"BM": BM, "BN": BN, "BK": BK, "KS": KS}, opts, psrc, modes, cfg)
             red = Plan("gemm_reduce", compile_source("gemm_reduce_kernel", rsrc), (tiles, B),
@@ -373,9 +388,11 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         grid = (tiles, B if batched else 1)
         constexprs = {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
         options = {k: cfg[k] for k in ("num_warps", "num_stages")}
-        return Plan("gemm", kern, grid, constexprs, options, src, modes, cfg)
+        if unpipelined(ios):
+            options["num_stages"] = 1
+        return Plan("gemm", kern, grid, constexprs, options, src, modes, {**cfg, **options})
 
-    extra = [x for x in (bias,) if x is not None]
+    extra = [x for x in (mul, bias) if x is not None]
     if rope is not None:
         extra += [cos, sin]
     if res is not None:
