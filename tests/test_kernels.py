@@ -375,7 +375,8 @@ def test_gemm_split_k_equals_the_tiled_kernel(split, kind):
 @pytest.mark.parametrize("m", [1, 5, 16])
 def test_gemm_decode_split_k_configs(m):
     """The decode (M <= 16) weight-streaming split-K configs: wide BN/BK tiles, enough splits for 2x the SMs
-    where K allows (8 SMs here, tiny sizes for the interpreter); the chosen config runs and equals torch, epilogue included."""
+    where K allows (8 SMs here, tiny sizes for the interpreter); the chosen config runs and equals torch,
+    epilogue included."""
     from vtcsearch.codegen.kernels.gemm import decode_split_configs, split_configs
     n, k = 256, 1024
     cfgs = decode_split_configs(m, n, k, sms=8)
