@@ -40,7 +40,13 @@ experiments.calibrate --from-db``), all constants in :mod:`cost_models.hardware`
 * **L2 residency**: the first ``resident_bytes`` of a kernel's DRAM traffic
   were just written by its producer and come from L2 at ``resident_bandwidth``;
 * **library gathers**: one copy launch per piece of the operand's map, at the
-  ``library/gather`` efficiency.
+  ``library/gather`` efficiency;
+* **split-K** (``split_k=True``, the default): a Triton GEMM is priced at the better of
+  the tiled kernel and each split-K configuration that
+  :func:`vtcsearch.codegen.kernels.gemm.split_configs` offers its autotuner (``SPLIT``
+  times the programs, a ``SPLIT`` times shorter K loop, the fp32 partials written and
+  read back, one more launch for the reduce).  ``split_k=False`` prices the tiled
+  kernel only: the model that calibration data measured before split-K was fitted to.
 """
 from __future__ import annotations
 
@@ -48,6 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from vtcsearch.codegen.kernels.gemm import split_configs
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_operands, needs_copy, \
     strided_view_strides
 
@@ -114,8 +121,9 @@ class AnalyticalOracle(CostOracle):
     name = "analytical"
 
     def __init__(self, hardware: Hardware | str = "H200", objective: Objective | None = None,
-                 implementations: Sequence[str] | None = None):
+                 implementations: Sequence[str] | None = None, split_k: bool = True):
         super().__init__(objective, implementations)
+        self.split_k = split_k
         self.hw = Hardware.preset(hardware) if isinstance(hardware, str) else hardware
         hw = self.hw
         self.traffic = TrafficModel(hw.sector_bytes, hw.coalesce_bytes, hw.short_run_penalty,
@@ -142,19 +150,21 @@ class AnalyticalOracle(CostOracle):
         return dram / hw.bandwidth
 
     def _body(self, geo: Geometry, impl: str, dram: float, l2: float, flops: float, peak_eff: float,
-              t_extra: float = 0.0) -> tuple[float, float, float, float]:
+              t_extra: float = 0.0, programs: int | None = None, k_steps: int | None = None
+              ) -> tuple[float, float, float, float]:
         """(t_mem, t_compute, t_serial, body) of a kernel with this geometry: roofline terms limited by the
-        grid's programs, and the serial K loop."""
+        grid's programs, and the serial K loop (``programs`` / ``k_steps``: a split-K grid's, not the
+        tiled kernel's)."""
         hw = self.hw
         t_mem = self._t_dram(dram) + l2 / hw.l2_bandwidth
         t_flops = flops / peak_eff if flops and peak_eff > 0 else 0.0
         t_serial = 0.0
         if geo.m:
-            p = geo.programs(impl)
+            p = programs or geo.programs(impl)
             pbw = hw.program_bandwidth * (hw.eff("library", "program") if impl == "library" else 1.0)
             t_mem = max(t_mem, (dram + l2) / (p * pbw))
             t_flops /= min(1.0, p / hw.sm_count)
-            t_serial = geo.k_steps() * hw.k_step_s
+            t_serial = (geo.k_steps() if k_steps is None else k_steps) * hw.k_step_s
         t_comp = t_flops + t_extra
         return t_mem, t_comp, t_serial, max(t_mem, t_comp, t_serial)
 
@@ -187,14 +197,35 @@ class AnalyticalOracle(CostOracle):
                 peak *= hw.eff("triton", "maps")
             pieces = any(len(o.map.pieces) > 1 for o in spec.operands if o.role == "r")
         t_mem, t_comp, t_serial, body = self._body(geo, "triton", dram, l2, spec.flops, peak, t_idx)
+        split = 1
+        if self.split_k and geo.kind == "matmul" and geo.m:
+            for cfg, t in self._split_k(geo, dram, l2, spec.flops, peak, t_idx):
+                if t < body:
+                    split, body = cfg["SPLIT"], t
         if pieces:   # piece predicates inside the K loop: the whole kernel slows, not just its FLOPs
             body /= hw.eff("triton", "pieces")
         seconds = body + hw.launch_s
         detail: dict[str, Any] = {"t_mem": t_mem, "t_compute": t_comp, "t_serial": t_serial, "dram_bytes": dram,
-                                  "l2_bytes": l2, "through_maps": through_maps, "pieces": pieces,
+                                  "l2_bytes": l2, "through_maps": through_maps, "pieces": pieces, "split_k": split,
                                   "min_run_bytes": min([x for x in (read.min_run_bytes, write.min_run_bytes) if x],
                                                        default=0)}
         return UnitCost(seconds, bytes=read.bytes + write.bytes, flops=spec.flops, detail=detail)
+
+    def _split_k(self, geo: Geometry, dram: float, l2: float, flops: float, peak: float, t_extra: float
+                 ) -> list[tuple[dict, float]]:
+        """(config, seconds without the launch) of each split-K configuration the GEMM autotuner would time:
+        the partial kernel over ``SPLIT`` times the tiles with a ``SPLIT`` times shorter K loop, writing
+        the fp32 partials, then the reduce reading them back, with its own launch."""
+        hw = self.hw
+        out = []
+        for cfg in split_configs(geo.m, geo.n, geo.k, geo.batch, hw.sm_count):
+            s, bm, bn, bk = cfg["SPLIT"], cfg["BM"], cfg["BN"], cfg["BK"]
+            programs = geo.batch * -(-geo.m // bm) * -(-geo.n // bn) * s
+            steps = -(-(-(-geo.k // s)) // bk)
+            ws = 4.0 * s * geo.batch * geo.m * geo.n          # fp32 partials: written once, read once
+            body = self._body(geo, "triton", dram + ws, l2, flops, peak, t_extra, programs, steps)[3]
+            out.append((cfg, body + self._t_dram(ws) + hw.launch_s))
+        return out
 
     def _library(self, spec: UnitSpec) -> UnitCost:
         """A library kernel on dense operands: residual copies (gather/scatter, one launch per piece of the
@@ -271,7 +302,7 @@ class AnalyticalOracle(CostOracle):
         return max(hw.eff("library", kind), hw.eff("triton", kind))
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source}
+        return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source, "split_k": self.split_k}
 
 
 def _kind(spec: UnitSpec) -> str:

@@ -29,6 +29,10 @@ predicted (before and after) against measured per unit::
 
     python -m experiments.calibrate --from-db results/vision_blocks/measurements.sqlite \
         configs/vision_blocks.yaml --cases litemla --batch 1 --hardware H200
+
+``--no-split-k`` fits the model without split-K GEMM pricing
+(``AnalyticalOracle(split_k=False)``): for measurements taken before the GEMM
+autotuner timed split-K kernels, whose times a split-K price would not fit.
 """
 from __future__ import annotations
 
@@ -206,10 +210,10 @@ def _apply(hw: Hardware, x: dict[str, float]) -> Hardware:
     return hw.with_(**fields, efficiency={**hw.efficiency, **eff})
 
 
-def predict(rows: list[dict[str, Any]], hw: Hardware) -> list[float]:
-    """The analytical model's seconds for every row under ``hw``."""
+def predict(rows: list[dict[str, Any]], hw: Hardware, split_k: bool = True) -> list[float]:
+    """The analytical model's seconds for every row under ``hw`` (``split_k``: price split-K GEMMs)."""
     from cost_models import AnalyticalOracle
-    oracle = AnalyticalOracle(hw)
+    oracle = AnalyticalOracle(hw, split_k=split_k)
     return [oracle.measure(r["spec"]).seconds for r in rows]
 
 
@@ -223,7 +227,8 @@ def log_errors(pred: list[float], meas: list[float]) -> dict[str, float]:
             "max_factor": round(float(np.exp(e.max())), 2), "n": int(e.size)}
 
 
-def fit(rows: list[dict[str, Any]], hw: Hardware, sweeps: int = 6) -> tuple[Hardware, dict[str, Any]]:
+def fit(rows: list[dict[str, Any]], hw: Hardware, sweeps: int = 6, split_k: bool = True
+        ) -> tuple[Hardware, dict[str, Any]]:
     """Least squares on log(pred / measured) over :data:`FIT` (coordinate descent on a log grid, then a
     golden-section refinement per parameter; ~2,000 model evaluations, ~1 minute), both settings of
     ``tile2d_pieces`` tried.  Returns the fitted hardware and, per parameter, its value and whether the
@@ -238,7 +243,7 @@ def fit(rows: list[dict[str, Any]], hw: Hardware, sweeps: int = 6) -> tuple[Hard
     weight = np.asarray([1.0 / count[(r["unit"], r["impl"])] for r in rows])
 
     def loss(h: Hardware) -> float:
-        return float(np.sum(weight * (np.log(np.asarray(predict(rows, h))) - meas) ** 2))
+        return float(np.sum(weight * (np.log(np.asarray(predict(rows, h, split_k))) - meas) ** 2))
 
     def start(h: Hardware) -> dict[str, float]:
         return {f"{w}:{n}": (getattr(h, n) if w == "hw" else h.eff(*n.split("/"))) or (lo * hi) ** 0.5
@@ -298,9 +303,9 @@ def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
         return 2
     print(f"{len(rows)} measured (unit, configuration, implementation) rows joined ({missing} not measured)")
     meas = [r["seconds"] for r in rows]
-    before = predict(rows, hw0)
-    hw, info = fit(rows, hw0)
-    after = predict(rows, hw)
+    before = predict(rows, hw0, a.split_k)
+    hw, info = fit(rows, hw0, split_k=a.split_k)
+    after = predict(rows, hw, a.split_k)
     err = {"before": log_errors(before, meas), "after": log_errors(after, meas)}
     print(json.dumps(err, indent=1))
     out = a.out or os.path.join(CALIBRATION_DIR, f"{hw.name}.json")
@@ -314,7 +319,7 @@ def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
     hw_fields["tile2d_pieces"] = hw.tile2d_pieces
     eff = {k.split(":", 1)[1]: _round(v["value"]) for k, v in constrained.items() if k.startswith("eff:")}
     doc = {"preset": hw.name, "source": f"fitted to {a.from_db} ({len(rows)} measured units)",
-           "hardware": hw_fields, "efficiency": eff, "errors": err,
+           "hardware": hw_fields, "efficiency": eff, "errors": err, "split_k": a.split_k,
            "unconstrained": sorted(k for k, v in info.items() if not v["constrained"]),
            "written_by": written_by}
     with open(out, "w") as f:
@@ -346,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="fit to a committed profiling measurements file instead of timing (no GPU)")
     ap.add_argument("--cases", default=None, help="with --from-db: comma-separated case labels of the configs")
     ap.add_argument("--batch", type=int, action="append", default=None, help="with --from-db: batch size(s)")
+    ap.add_argument("--no-split-k", dest="split_k", action="store_false",
+                    help="with --from-db: price GEMMs without split-K (measurements from before split-K)")
     a = ap.parse_args(argv)
     if a.from_db:
         return from_db(a, argv)

@@ -82,3 +82,60 @@ def test_few_programs_and_transposed_stores_cost_more():
     w = o.traffic.access(dst, 4, strides, write=True)
     assert r.swapped_dram == 0 and w.swapped_dram == w.dram_bytes > 0   # opposite orientations
     assert hw.swap_write_penalty > 2 * hw.swap_read_penalty >= 2
+
+
+def _gemm_spec(m: int, n: int, k: int, batch: int):
+    """The kernel unit spec of one fp16 (b)mm of this shape (meta tensors)."""
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+
+    class MM(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.matmul(a, b)
+
+    shape = (batch,) if batch > 1 else ()
+    ex = (torch.empty(*shape, m, k, device="meta", dtype=torch.float16),
+          torch.empty(*shape, k, n, device="meta", dtype=torch.float16))
+    v = build_vtog(capture(MM(), ex))
+    o = AnalyticalOracle("H200")
+    acc = o.accounting(v)
+    u = next(u for u in acc.units if u.kind == "kernel")
+    return acc.spec(u, o.unit_keys(acc, u, {}))
+
+
+def _gemm_cost(m: int, n: int, k: int, batch: int, **kw) -> tuple[float, int]:
+    """(seconds, split) the analytical model gives the Triton kernel of one fp16 (b)mm of this shape."""
+    c = AnalyticalOracle("H200", **kw).measure(_gemm_spec(m, n, k, batch))
+    return c.seconds, c.detail.get("split_k", 1)
+
+
+@pytest.mark.parametrize("m,n,k,batch", [(32, 32, 8192, 16), (1, 4096, 4096, 1), (16, 4096, 4096, 1),
+                                         (1, 4096, 14336, 1)])
+def test_split_k_prices_small_m_long_k_gemms_lower(m, n, k, batch):
+    """LiteMLA's K=8192 bmm and decode GEMMs (M <= 16, Llama 3 8B's K and N) fill the SMs only when split
+    along K: the model prices the split kernel, the same configs the autotuner times, below the tiled one;
+    ``split_k=False`` (what calibration before split-K fitted) keeps the tiled price."""
+    t_split, s = _gemm_cost(m, n, k, batch)
+    t_tiled, s0 = _gemm_cost(m, n, k, batch, split_k=False)
+    assert s > 1 and s0 == 1
+    assert t_split < 0.9 * t_tiled, (t_split, t_tiled)
+
+
+@pytest.mark.parametrize("m,n,k", [(2048, 2048, 2048), (16, 14336, 4096)])
+def test_split_k_leaves_gemms_with_enough_programs_alone(m, n, k):
+    """A large square GEMM, or a decode GEMM whose tiled grid already streams at full bandwidth (Llama's
+    up projection: 896 programs), keeps the tiled price."""
+    t, s = _gemm_cost(m, n, k, 1)
+    assert s == 1 and t == _gemm_cost(m, n, k, 1, split_k=False)[0]
+
+
+def test_calibrate_no_split_k_predicts_the_tiled_model():
+    """``experiments.calibrate --no-split-k`` fits the model that priced measurements taken before split-K:
+    its predictions are the tiled kernel's."""
+    from experiments.calibrate import main, predict
+    hw = Hardware.preset("H200")
+    row = {"spec": _gemm_spec(32, 32, 8192, 16)}
+    off = AnalyticalOracle(hw, split_k=False).measure(row["spec"]).seconds
+    assert predict([row], hw, split_k=False) == [off] and predict([row], hw)[0] < off
+    with pytest.raises(SystemExit):
+        main(["--no-split-k", "--bogus"])

@@ -11,6 +11,7 @@ shapes in fp16.
 """
 from __future__ import annotations
 
+import sys
 
 import pytest
 import torch
@@ -156,7 +157,8 @@ def test_conv_geometry(geo):
     want = conv_ref(x, w, s, p, d, g)
     out = write_out("identity", *want.shape)
     plan = conv2d(Operand.dense(x, "x"), Operand.dense(w, "w"), out, stride=s, padding=p, dilation=d, groups=g)
-    assert plan.name == ("conv2d_direct" if cout // g < 8 else "conv2d_gemm")
+    mm = (kh, kw) == (1, 1) and p == 0 and g == 1
+    assert plan.name == ("conv2d_direct" if cout // g < 8 else "gemm" if mm else "conv2d_gemm")
     assert_written(out, want)
 
 
@@ -227,6 +229,60 @@ def test_conv_epilogue(piece, algo):
     assert_written(out, want)
 
 
+# ---------------------------------------------------------------------------
+# conv2d: 1x1 as a GEMM over the map; depthwise with unrolled taps (issue 12 item 4)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("kind", ["split", "concat_unaligned", "shuffle", "nhwc"])
+def test_conv_1x1_as_mm_through_map(kind, stride):
+    """A 1x1 ungrouped conv is W[Cout, Cin] @ X[Cin, OH*OW] per image (``algo="mm"``, the default): through
+    the input's map (a channel Split piece, a Concat, a shuffle, NHWC), stride 2 as a strided view, with the
+    whole epilogue (folded BatchNorm, SiLU, a residual, a general expression using the output row/column),
+    written into a channel slab of a Concat's storage."""
+    x, xr = read_x(kind, 2, 32, 6, 5)
+    w = rnd(24, 32, 1, 1)
+    sc, sh = rnd(24), rnd(24)
+    want = conv_ref(xr, w, stride, scale=sc, shift=sh, act="silu")
+    res = rnd(*want.shape)
+    want = want + res.double()
+    want = want * 2.0 + (torch.arange(want.shape[2]).view(1, 1, -1, 1) * 10
+                         + torch.arange(want.shape[3]).view(1, 1, 1, -1)).double()
+    ep = ConvEpilogue(Operand.dense(sc, "sc"), Operand.dense(sh, "sh"), "silu", Operand.dense(res, "r"),
+                      lines=["t = {i2} * 10 + {i3}"], expr="y * 2.0 + t")
+    out = write_out("concat_slice", *want.shape)
+    plan = conv2d(x, Operand.dense(w, "w"), out, stride=stride, epilogue=ep)
+    assert plan.name == "gemm" and "SPLIT" not in plan.config
+    assert_written(out, want)
+
+
+def test_conv_mm_refuses_what_is_not_a_gemm():
+    x, w = Operand.dense(rnd(1, 8, 4, 4), "x"), Operand.dense(rnd(16, 8, 3, 3), "w")
+    out = Operand.dense(poison(1, 16, 2, 2), "y")
+    with pytest.raises(ValueError, match="1x1"):
+        conv2d(x, w, out, algo="mm")
+    plan = conv2d(x, Operand.dense(rnd(16, 8, 1, 1), "w1"), Operand.dense(poison(1, 16, 6, 6), "y1"),
+                  padding=1)
+    assert plan.name == "conv2d_gemm"   # padded 1x1: the implicit GEMM masks the border
+
+
+@pytest.mark.parametrize("k,stride", [(3, 1), (5, 1), (5, 2), (3, 2)])
+@pytest.mark.parametrize("kind", ["split", "concat_unaligned"])
+def test_depthwise_unrolled_taps_small_channel_tiles(k, stride, kind):
+    """Depthwise KxK (EfficientViT's 5x5, MobileNet's stride 2) through a channel Split / Concat: the taps
+    are unrolled (tl.static_range), the channel tile is small, the result equals torch's conv."""
+    C = 24
+    x, xr = read_x(kind, 2, C, 9, 7)
+    w = rnd(C, 1, k, k)
+    want = conv_ref(xr, w, stride, k // 2, 1, C, act="hardswish")
+    out = write_out("identity", *want.shape)
+    plan = conv2d(x, Operand.dense(w, "w"), out, stride=stride, padding=k // 2, groups=C,
+                  epilogue=ConvEpilogue(activation="hardswish"))
+    assert plan.name == "conv2d_direct" and plan.config["BC"] <= 16
+    assert "tl.static_range(" + str(k * k) + ")" in plan.source
+    assert_written(out, want)
+
+
 def test_conv_residual_broadcast_over_pixels():
     x, w, r = rnd(1, 8, 5, 5), rnd(16, 8, 1, 1), rnd(1, 16, 1, 1)
     want = conv_ref(x, w, residual=r)
@@ -261,30 +317,39 @@ def test_conv_reads_x_through_map(kind, algo):
         assert plan.modes["x"] == ["element"], plan.modes
 
 
-def test_conv_1x1_reads_channel_concat_per_block():
-    """The common case: a 1x1 conv over a Concat (YOLO's C2f / SPPF cv2) reads each storage per K tile."""
+@pytest.mark.parametrize("algo", ["gemm", "mm"])
+def test_conv_1x1_reads_channel_concat_per_block(algo, monkeypatch):
+    """The common case: a 1x1 conv over a Concat (YOLO's C2f / SPPF cv2) reads each storage per K tile,
+    as the implicit GEMM (x) and as the plain GEMM over the map (its b operand, X[Cin, HW]; a K tile of
+    16 channels, the cut's alignment)."""
+    monkeypatch.setattr(sys.modules["vtcsearch.codegen.kernels.gemm"], "_configs", lambda *a: [
+        {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}])
     x, xr = read_x("concat_aligned", 1, 48, 4, 5)
     w = rnd(16, 48, 1, 1)
     want = conv_ref(xr, w)
     out = write_out("identity", *want.shape)
-    plan = conv2d(x, Operand.dense(w, "w"), out)
+    plan = conv2d(x, Operand.dense(w, "w"), out, algo=algo)
     assert_written(out, want)
     if not GPU:
-        assert plan.modes["x"] == ["block"], plan.modes
+        assert plan.modes["x" if algo == "gemm" else "b"] == ["block"], plan.modes
 
 
+@pytest.mark.parametrize("algo", ["gemm", "mm"])
 @pytest.mark.parametrize("kind", ["identity", "concat_aligned", "concat_unaligned"])
-def test_conv_k_loop_through_pieces_is_not_pipelined(kind, monkeypatch):
+def test_conv_k_loop_through_pieces_is_not_pipelined(kind, algo, monkeypatch):
     """A K loop reading x through a piecewise map runs with num_stages=1 (pipelined, Triton 3.6 on the
-    H200 got ~0.1% of YOLO11s C3k2 outputs wrong); dense operands keep their pipelined configurations."""
-    import vtcsearch.codegen.kernels.conv as conv_mod
+    H200 got ~0.1% of YOLO11s C3k2 outputs wrong); dense operands keep their pipelined configurations.
+    The same for a 1x1 conv lowered as a plain GEMM."""
+    conv_mod, gemm_mod = (sys.modules[f"vtcsearch.codegen.kernels.{m}"] for m in ("conv", "gemm"))
     monkeypatch.setattr(conv_mod, "_gemm_configs", lambda *a: [
         {"BM": 64, "BN": 16, "BK": 16, "GROUP_M": 8, "ORDER": 0, "num_warps": 4, "num_stages": 3}])
+    monkeypatch.setattr(gemm_mod, "_configs", lambda *a: [
+        {"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}])
     x, xr = read_x(kind, 1, 48, 4, 5)
     w = rnd(16, 48, 1, 1)
     want = conv_ref(xr, w)
     out = write_out("identity", *want.shape)
-    plan = conv2d(x, Operand.dense(w, "w"), out)
+    plan = conv2d(x, Operand.dense(w, "w"), out, algo=algo)
     assert_written(out, want)
     piecewise = kind != "identity"
     assert plan.options["num_stages"] == (1 if piecewise else 3), (kind, plan.modes)

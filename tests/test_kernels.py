@@ -372,6 +372,27 @@ def test_gemm_split_k_equals_the_tiled_kernel(split, kind):
     assert_written(out, torch.nn.functional.silu((ar @ br) * 0.5 + bias) + res)
 
 
+@pytest.mark.parametrize("m", [1, 5, 16])
+def test_gemm_decode_split_k_configs(m):
+    """The decode (M <= 16) weight-streaming split-K configs: wide BN/BK tiles, enough splits for 2x the SMs
+    where K allows (8 SMs here, tiny sizes for the interpreter); the chosen config runs and equals torch,
+    epilogue included."""
+    from vtcsearch.codegen.kernels.gemm import decode_split_configs, split_configs
+    n, k = 256, 1024
+    cfgs = decode_split_configs(m, n, k, sms=8)
+    assert cfgs and all(c in split_configs(m, n, k, sms=8) for c in cfgs)
+    assert all(c["BM"] == 16 and c["BN"] >= 32 and c["BK"] >= 128 for c in cfgs)
+    assert all(-(-n // c["BN"]) * c["SPLIT"] >= 16 or k // (2 * c["SPLIT"]) < c["BK"] for c in cfgs)
+    assert not decode_split_configs(32, n, k, sms=8) and not decode_split_configs(m, 4096, k, sms=8)
+    cfg = cfgs[0]
+    x, w, bias = rnd(m, k), linear_weight(n, k), rnd(n)
+    o = torch.empty(m, n)
+    plan = gemm(Operand.dense(x, "a"), w[0], Operand.dense(o, "out"),
+                Epilogue(bias=Operand.dense(bias, "bias"), activation="silu"), config=cfg)
+    assert plan.config["SPLIT"] == cfg["SPLIT"] > 1 and plan.kernels == 2
+    torch.testing.assert_close(o, torch.nn.functional.silu(x @ w[1] + bias), rtol=1e-4, atol=1e-4)
+
+
 def test_gemm_split_k_batched():
     x = rnd(3, M, K)
     y = rnd(3, K, N)
@@ -805,3 +826,36 @@ def test_gpu_llama_o_projection_norm_ffn_and_copy(batch):
     copy(dst, Operand.dense(new, "n"))
     before[:, :, 4096] = new[:, 0].view(batch, 8, 128)
     assert torch.equal(cache, before)
+
+
+# ---------------------------------------------------------------------------
+# the side-by-side bench (issue 12 item 4): GPU only, refuses on the CPU
+# ---------------------------------------------------------------------------
+
+def test_bench_refuses_without_gpu_in_one_line(monkeypatch, capsys, tmp_path):
+    from vtcsearch.codegen.kernels import bench
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc = bench.main(["--conv-csv", str(tmp_path / "c.csv"), "--gemm-csv", str(tmp_path / "g.csv")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "no CUDA device" in err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.gpu
+def test_bench_one_conv_and_one_gemm(tmp_path):
+    """One conv layer (depthwise 5x5 through a Split map) and one decode GEMM through the bench's CSV path:
+    every implementation timed, provenance columns, numerics against torch."""
+    import csv
+    from vtcsearch.codegen.kernels import bench
+    rc = bench.main(["--conv-csv", str(tmp_path / "conv.csv"), "--gemm-csv", str(tmp_path / "gemm.csv"),
+                     "--layers", "litemla_dw5x5", "--gemms", "o_proj", "--m", "1", "--rep-ms", "20"])
+    assert rc == 0
+    conv = list(csv.DictReader(open(tmp_path / "conv.csv")))
+    gemm_ = list(csv.DictReader(open(tmp_path / "gemm.csv")))
+    assert len(conv) == 1 and len(gemm_) == 1
+    for r, cols in ((conv[0], ("triton_map_us", "triton_dense_us", "cudnn_us", "cudnn_nhwc_us")),
+                    (gemm_[0], ("triton_us", "triton_tiled_us", "cublas_us", "floor_us"))):
+        assert not r.get("error"), r
+        assert all(float(r[c]) > 0 for c in cols), r
+        assert r["command"].startswith("python -m vtcsearch.codegen.kernels.bench") and r["machine"] and r["date"]
+        assert float(r["max_abs_err"]) < 5e-2

@@ -1,12 +1,33 @@
-"""Micro-benchmarks of the templates at Llama 3 8B decode sizes (GPU only).
+"""Micro-benchmarks of the templates against the vendor libraries (GPU only).
 
-``python -m vtcsearch.codegen.kernels.bench [--batch 1 16]`` prints, per kernel, the median
-time (``triton.testing.do_bench``), the bytes it must move and the bandwidth that
-implies, next to a plain PyTorch baseline of the same math on physical tensors.
+``python -m vtcsearch.codegen.kernels.bench [--batch 1 16]`` prints, per kernel at Llama 3 8B
+decode sizes, the median time (``triton.testing.do_bench``), the bytes it must move and the
+bandwidth that implies, next to a plain PyTorch baseline of the same math on physical tensors.
+
+``python -m vtcsearch.codegen.kernels.bench --conv-csv results/kernels/conv.csv
+--gemm-csv results/kernels/decode_gemm.csv`` (issue 12 item 4, issue 16) times side by side,
+with CUDA-graph replays (:func:`vtcsearch.codegen.timing.bench`), in fp16:
+
+* conv layers (:data:`CONV_LAYERS`: EfficientViT's LiteMLA convs from
+  ``results/vision_blocks/conv_layers.csv``, depthwise 5x5 and 3x3/s2, 1x1 with large C,
+  stride-2 3x3 and 1x1): vtcsearch's template reading ``x`` through a channel Split map and
+  writing a channel slab of a Concat storage (``triton_map``), the template on dense
+  tensors (``triton_dense``), cuDNN in NCHW and channels-last;
+* decode GEMMs (M = 1, 16; K, N of Llama 3 8B's projections, :data:`GEMM_SHAPES`): the
+  autotuned template (tiled and split-K configs; its choice in ``config``), the best tiled
+  configuration alone, cuBLAS (``x @ w.t()``), and the HBM floor of the weight stream.
+
+Each CSV row carries ``command``, ``machine`` and ``date``.  About 2-3 minutes on an H200.
+On a machine without a CUDA GPU it refuses in one line (exit 2).
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import datetime as _dt
+import os
+import sys
+from typing import Any, Sequence
 
 import torch
 
@@ -128,16 +149,174 @@ def run(batch: int) -> list[tuple]:
     return rows
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+# (name, x [N, C, H, W], w [Cout, Cin/groups, KH, KW], stride, padding, groups)
+CONV_LAYERS: list[tuple[str, tuple, tuple, int, int, int]] = [
+    ("litemla_qkv_1x1", (1, 128, 64, 128), (384, 128, 1, 1), 1, 0, 1),
+    ("litemla_dw5x5", (1, 384, 64, 128), (384, 1, 5, 5), 1, 2, 384),
+    ("litemla_grouped_1x1", (1, 384, 64, 128), (384, 16, 1, 1), 1, 0, 24),
+    ("litemla_proj_1x1", (1, 256, 64, 128), (128, 256, 1, 1), 1, 0, 1),
+    ("dw5x5_bs16", (16, 256, 32, 32), (256, 1, 5, 5), 1, 2, 256),
+    ("dw3x3_s2", (1, 96, 112, 112), (96, 1, 3, 3), 2, 1, 96),
+    ("1x1_largeC", (1, 1024, 14, 14), (256, 1024, 1, 1), 1, 0, 1),
+    ("1x1_largeC_bs16", (16, 2048, 7, 7), (512, 2048, 1, 1), 1, 0, 1),
+    ("1x1_s2", (1, 512, 28, 28), (1024, 512, 1, 1), 2, 0, 1),
+    ("3x3_s2", (1, 128, 56, 56), (256, 128, 3, 3), 2, 1, 1),
+    ("3x3_s1", (16, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
+]
+
+# (name, K, N) of Llama 3 8B's decode projections (hidden 4096, 32 + 2x8 heads of 128, FFN 14336)
+GEMM_SHAPES: list[tuple[str, int, int]] = [
+    ("qkv", 4096, 6144), ("o_proj", 4096, 4096), ("gate_up", 4096, 28672), ("down", 14336, 4096),
+]
+
+
+def refuse_without_gpu() -> str | None:
+    """The one-line reason this bench cannot run here (None on a CUDA machine)."""
+    if not torch.cuda.is_available():
+        return "vtcsearch.codegen.kernels.bench times GPU kernels: no CUDA device here"
+    return None
+
+
+def provenance(argv: Sequence[str]) -> dict[str, str]:
+    """command / machine / date columns, in the form of vtcsearch.report.with_provenance (which lives above
+    codegen, so it is not imported here)."""
+    import triton
+    dev = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"command": " ".join(["python -m vtcsearch.codegen.kernels.bench", *argv]),
+            "machine": f"{dev} (torch {torch.__version__}, triton {triton.__version__})",
+            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _time_us(fn, rep_ms: float) -> float:
+    from ..timing import bench
+    return bench(fn, device="cuda", rep_ms=rep_ms).median_us
+
+
+def conv_rows(layers: Sequence[tuple] = tuple(CONV_LAYERS), rep_ms: float = 100.0) -> list[dict[str, Any]]:
+    """Per layer: Triton through maps, Triton dense, cuDNN NCHW and channels-last (microseconds)."""
+    import torch.nn.functional as F
+    from . import Operand, conv2d
+    from .conv import out_size
+    dev, dt = "cuda", torch.float16
+    rows = []
+    for name, xs, ws, s, p, g in layers:
+        N, C, H, W = xs
+        x = torch.randn(xs, device=dev, dtype=dt)
+        w = torch.randn(ws, device=dev, dtype=dt) / (ws[1] * ws[2] * ws[3]) ** 0.5
+        OH, OW = out_size(H, ws[2], s, p, 1), out_size(W, ws[3], s, p, 1)
+        y = torch.empty(N, ws[0], OH, OW, device=dev, dtype=dt)
+        # through maps: x a channel Split piece of a bigger storage, out a channel slab of a Concat storage
+        xbig = torch.randn(N, C + 16, H, W, device=dev, dtype=dt)
+        xbig[:, 8:8 + C] = x
+        ybig = torch.empty(N, ws[0] + 16, OH, OW, device=dev, dtype=dt)
+        xm, ym = Operand.dense(xbig, "x").narrow(1, 8, C), Operand.dense(ybig, "y").narrow(1, 8, ws[0])
+        xd, yd, wd = Operand.dense(x, "x"), Operand.dense(y, "y"), Operand.dense(w, "w")
+        row: dict[str, Any] = {"layer": name, "x": list(xs), "w": list(ws), "stride": s, "padding": p, "groups": g}
+        try:
+            plan = conv2d(xm, wd, ym, stride=s, padding=p, groups=g)
+            row["algo"], row["config"] = plan.name, dict(plan.config)
+            row["triton_map_us"] = _time_us(lambda: conv2d(xm, wd, ym, stride=s, padding=p, groups=g), rep_ms)
+            row["triton_dense_us"] = _time_us(lambda: conv2d(xd, wd, yd, stride=s, padding=p, groups=g), rep_ms)
+            want = F.conv2d(x, w, None, s, p, 1, g)
+            row["max_abs_err"] = float(max((ybig[:, 8:8 + ws[0]] - want).abs().max(), (y - want).abs().max()))
+        except Exception as e:   # one failing layer must not lose the others' numbers
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        row["cudnn_us"] = _time_us(lambda: F.conv2d(x, w, None, s, p, 1, g), rep_ms)
+        xc, wc = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+        row["cudnn_nhwc_us"] = _time_us(lambda: F.conv2d(xc, wc, None, s, p, 1, g), rep_ms)
+        best = min(row["cudnn_us"], row["cudnn_nhwc_us"])
+        for k in ("triton_map", "triton_dense"):
+            if f"{k}_us" in row:
+                row[f"{k}_x_cudnn"] = best / row[f"{k}_us"]
+        rows.append(row)
+        print(f"conv {name:22s} " + " ".join(f"{k}={v:.1f}" for k, v in row.items()
+                                               if k.endswith("_us")) + f" {row.get('algo', row.get('error'))}",
+              flush=True)
+    return rows
+
+
+def gemm_rows(ms: Sequence[int] = (1, 16), shapes: Sequence[tuple] = tuple(GEMM_SHAPES), rep_ms: float = 100.0,
+              bandwidth: float = 4.3e12) -> list[dict[str, Any]]:
+    """Per (M, projection): the autotuned template (tiled + split-K), the best tiled config, cuBLAS, the
+    weight-stream floor (bytes / ``bandwidth``, the H200's measured copy bandwidth)."""
+    from . import Operand, gemm
+    from .gemm import _configs
+    dev, dt = "cuda", torch.float16
+    rows = []
+    for name, K, N in shapes:
+        wt = torch.randn(N, K, device=dev, dtype=dt) / K ** 0.5
+        for M in ms:
+            x = torch.randn(M, K, device=dev, dtype=dt)
+            y = torch.empty(M, N, device=dev, dtype=dt)
+            a, b, o = Operand.dense(x, "x"), Operand.dense(wt, "w").transpose(0, 1), Operand.dense(y, "y")
+            nbytes = (N * K + M * K + M * N) * 2
+            row: dict[str, Any] = {"gemm": name, "M": M, "K": K, "N": N, "bytes": nbytes,
+                                   "floor_us": nbytes / bandwidth * 1e6}
+            try:
+                plan = gemm(a, b, o)
+                row["config"] = dict(plan.config)
+                row["triton_us"] = _time_us(lambda: gemm(a, b, o), rep_ms)
+                row["max_abs_err"] = float((y - x @ wt.t()).abs().max())
+                tiled = []
+                for cfg in _configs(M, N, K, True):
+                    tiled.append(_time_us(lambda: gemm(a, b, o, config=cfg), rep_ms / 4))
+                row["triton_tiled_us"] = min(tiled)
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            row["cublas_us"] = _time_us(lambda: torch.mm(x, wt.t(), out=y), rep_ms)
+            for k in ("triton", "triton_tiled", "cublas"):
+                if f"{k}_us" in row:
+                    row[f"{k}_x_floor"] = row[f"{k}_us"] / row["floor_us"]
+            rows.append(row)
+            print(f"gemm {name:8s} M={M:<3d} " + " ".join(f"{k}={v:.1f}" for k, v in row.items()
+                                                         if k.endswith("_us")) + f" {row.get('config')}", flush=True)
+    return rows
+
+
+def write_csv(path: str, rows: list[dict[str, Any]], prov: dict[str, str]) -> None:
+    """``rows`` with the provenance columns, every key a column (the union, in first-seen order)."""
+    rows = [{**r, **prov} for r in rows]
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, keys)
+        wr.writeheader()
+        wr.writerows(rows)
+    print(f"wrote {path} ({len(rows)} rows)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--conv-csv", default=None, help="time the conv layers, write this CSV")
+    ap.add_argument("--gemm-csv", default=None, help="time the decode GEMMs, write this CSV")
+    ap.add_argument("--layers", default=None, help="comma-separated conv layer names (default: all)")
+    ap.add_argument("--gemms", default=None, help="comma-separated GEMM names (default: all)")
+    ap.add_argument("--m", type=int, nargs="+", default=[1, 16], help="decode GEMM row counts")
+    ap.add_argument("--rep-ms", type=float, default=100.0, help="timing budget per measurement")
     args = ap.parse_args(argv)
+    why = refuse_without_gpu()
+    if why:
+        print(why, file=sys.stderr)
+        return 2
     print(f"device: {torch.cuda.get_device_name()}")
+    if args.conv_csv or args.gemm_csv:
+        prov = provenance(argv)
+        pick = lambda table, names: [t for t in table if not names or t[0] in names.split(",")]  # noqa: E731
+        if args.conv_csv:
+            write_csv(args.conv_csv, conv_rows(pick(CONV_LAYERS, args.layers), args.rep_ms), prov)
+        if args.gemm_csv:
+            write_csv(args.gemm_csv, gemm_rows(args.m, pick(GEMM_SHAPES, args.gemms), args.rep_ms), prov)
+        return 0
     print(f"{'kernel':24s} {'batch':>5s} {'vtc us':>9s} {'torch us':>9s} {'MB':>8s} {'vtc GB/s':>9s}  config")
     for b in args.batch:
         for name, bb, t, tb, nbytes, cfg in run(b):
             print(f"{name:24s} {bb:5d} {t:9.1f} {tb:9.1f} {nbytes / 1e6:8.1f} {nbytes / t / 1e3:9.0f}  {cfg}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

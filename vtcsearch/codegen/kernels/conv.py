@@ -13,7 +13,7 @@ the epilogue is, in this order::
     y = y + residual             residual: broadcastable to out
     y = expr(y, x0, x1, ...)     any elementwise code (a fused region, e.g. BatchNorm + SiLU + add)
 
-Two algorithms, both with the loads (stage 1) and stores (stage 3) in
+Three algorithms, all with the loads (stage 1) and stores (stage 3) in
 :class:`~vtcsearch.codegen.kernels.emit.IO`:
 
 * ``gemm`` (the default) — an implicit GEMM per group: rows ``M = N*OH*OW`` output
@@ -25,12 +25,23 @@ Two algorithms, both with the loads (stage 1) and stores (stage 3) in
   [Cout, KH, KW, Cin/groups] and passed permuted suit the first order).  The index of
   ``x`` at a tile lane is computed from ``rm``/``rk`` with ``//`` and ``%``; padding
   lanes are masked (read as zero).  The grid has a group axis.
+* ``mm`` (the default for 1x1, unpadded, ungrouped convs, any stride) — a plain
+  batched GEMM over the map, no im2col index arithmetic: for each image,
+  ``W[Cout, Cin] @ X[Cin, OH*OW]`` into ``out[Cout, OH*OW]`` (NCHW), with ``x`` a
+  strided view (``narrow`` with a step) for stride > 1.  It runs
+  :func:`~vtcsearch.codegen.kernels.gemm.gemm` (its tiles, split-K and autotuning), the
+  same epilogue mapped onto it (scale -> ``mul``, shift -> ``bias``; ``{i2}``/``{i3}``
+  of a general epilogue decoded from the flat pixel index).
 * ``direct`` — few channels per group (depthwise, ``groups == Cin``): a
   [channels, pixels] tile accumulates ``x * w`` elementwise over the taps and the
-  group's input channels, no tensor cores (a GEMM of width 1 would waste them).
+  group's input channels, no tensor cores (a GEMM of width 1 would waste them).  The
+  KxK taps (and up to 8 input channels per group) are unrolled with
+  ``tl.static_range``, so that each tap's offsets are constants; channel tiles are
+  small (4-16) and pixel tiles long, the contiguous dim of NCHW.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -41,7 +52,7 @@ from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
 from .emit import IO, next_pow2, render, tl_dtype
 from .operand import Operand
 
-__all__ = ["ConvEpilogue", "conv2d"]
+__all__ = ["ConvEpilogue", "conv2d", "mm_eligible"]
 
 
 @dataclass
@@ -301,12 +312,12 @@ def conv_direct_kernel(@params@, BC: tl.constexpr, BM: tl.constexpr):
     iw0 = ow * @SW@ - @PW@
     xg = (co // @COG@) * @CG@
     acc = tl.zeros((BC, BM), dtype=tl.float32)
-    for tap in range(@TAPS@):
+    for tap in @TAP_RANGE@(@TAPS@):
         kh = tap // @KW@
         kw = tap % @KW@
         xh = ih0 + kh * @DH@
         xw = iw0 + kw * @DW@
-        for ci in range(@CG@):
+        for ci in @CI_RANGE@(@CG@):
             xc = xg + ci
             # stage 1: one tap of the input and its weight per channel
             @@load_x
@@ -320,11 +331,18 @@ def conv_direct_kernel(@params@, BC: tl.constexpr, BM: tl.constexpr):
 """
 
 
-def _direct_configs(M: int, COUT: int, gpu: bool) -> list[dict]:
-    raw = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4)] if gpu else [(16, 64, 4)]
+def _direct_configs(M: int, COUT: int, gpu: bool, depthwise: bool = False) -> list[dict]:
+    """[channels, pixels] tiles: for depthwise convs small channel tiles and long pixel runs (each
+    channel's taps are its own; a wide channel tile only adds registers), else wider channel tiles."""
+    if not gpu:
+        raw = [(4, 64, 4)] if depthwise else [(16, 64, 4)]
+    elif depthwise:
+        raw = [(4, 256, 4), (8, 128, 4), (8, 256, 4), (16, 128, 4), (4, 512, 4), (16, 64, 4)]
+    else:
+        raw = [(16, 128, 4), (32, 64, 4), (32, 128, 4), (64, 64, 4)]
     out, seen = [], set()
     for bc, bm, w in raw:
-        bc = min(bc, max(16, next_pow2(COUT)))
+        bc = min(bc, max(4 if depthwise else 16, next_pow2(COUT)))
         bm = min(bm, max(16, next_pow2(M)))
         if (bc, bm) not in seen:
             seen.add((bc, bm))
@@ -366,13 +384,50 @@ def _conv_direct(x, w, out, geo, ep, scale, shift, res, extra) -> tuple[list[dic
         src = render(_DIRECT_TEMPLATE, params=params, prologue=prologue, pixels=pixel_lines("rm", OH, OW),
                      SH=str(SH), SW=str(SW), PH=str(PH), PW=str(PW), DH=str(DH), DW=str(DW), KW=str(KW),
                      TAPS=str(KH * KW), CG=str(CG), COG=str(COG), load_x=load_x, load_w=load_w,
+                     TAP_RANGE="tl.static_range" if KH * KW <= 49 else "range",
+                     CI_RANGE="tl.static_range" if CG <= 8 else "range",
                      epilogue=epi, store=store)
         kern = compile_source("conv_direct_kernel", src)
         grid = (-(-M // BM), -(-COUT // BC))
         return Plan("conv2d_direct", kern, grid, {"BC": BC, "BM": BM}, {"num_warps": cfg["num_warps"]}, src,
                     {k: io.modes for k, io in ios.items()}, cfg)
 
-    return _direct_configs(M, COUT, gpu), build
+    return _direct_configs(M, COUT, gpu, depthwise=CG == 1 and COG == 1), build
+
+
+# ---------------------------------------------------------------------------
+# mm: a 1x1 conv as a batched GEMM over the map
+# ---------------------------------------------------------------------------
+
+def mm_eligible(w_shape: Sequence[int], padding: int | Sequence[int], groups: int) -> bool:
+    """A conv that is a plain GEMM per image: 1x1 kernel, no padding, one group (any stride/dilation)."""
+    return tuple(w_shape[2:]) == (1, 1) and pair(padding) == (0, 0) and groups == 1
+
+
+def _conv_mm(x: Operand, w: Operand, out: Operand, geo, ep: ConvEpilogue, scale, shift, res,
+             extra) -> Plan:
+    """``out[n] = epilogue(W[Cout, Cin] @ X[n][Cin, OH*OW])`` through the maps, as :func:`gemm`."""
+    from .gemm import Epilogue, gemm
+    (N, CIN, H, W), (COUT, CG, KH, KW), (OH, OW), (SH, SW), (PH, PW), (DH, DW), G = geo
+    if (KH, KW) != (1, 1) or (PH, PW) != (0, 0) or G != 1:
+        raise ValueError("conv2d algo='mm' needs a 1x1 kernel, no padding and groups=1")
+    P = OH * OW
+    if (SH, SW) != (1, 1):   # the pixels a strided 1x1 conv reads: a strided view of x
+        x = x.narrow(2, 0, OH, SH).narrow(3, 0, OW, SW)
+    a = w.reshape((COUT, CIN))
+    b = x.reshape((N, CIN, P))
+    o3 = out.reshape((N, COUT, P))
+    chan = lambda op: op.reshape((COUT, 1)).broadcast_to((N, COUT, P))  # noqa: E731
+    flat = lambda op: op.reshape((N, COUT, P))  # noqa: E731
+    # {i2}/{i3} (output row/column) of a general epilogue, decoded from the flat pixel dim of the GEMM view
+    pix2 = lambda code: re.sub(r"\{i([23])\}", lambda m: f"({{i2}} // {OW})" if m.group(1) == "2"  # noqa: E731
+                               else f"({{i2}} % {OW})", code)
+    gep = Epilogue(mul=chan(scale) if scale is not None else None,
+                   bias=chan(shift) if shift is not None else None, activation=ep.activation,
+                   residual=flat(res) if res is not None else None,
+                   lines=[pix2(ln) for ln in ep.lines], expr=pix2(ep.expr) if ep.expr is not None else None,
+                   operands=[flat(o) for o in extra])
+    return gemm(a, b, o3, gep, serial_pieces=True)
 
 
 # ---------------------------------------------------------------------------
@@ -384,8 +439,9 @@ def conv2d(x: Operand, w: Operand, out: Operand, *, stride: int | Sequence[int] 
            epilogue: ConvEpilogue | None = None, algo: str | None = None) -> Plan:
     """``out = epilogue(conv2d(x, w))`` through the operands' maps; see the module docstring.
 
-    ``algo``: ``"gemm"`` or ``"direct"`` forces an algorithm (default: ``direct`` when a
-    group has fewer than 8 output channels or a reduction shorter than 8, else ``gemm``).
+    ``algo``: ``"mm"``, ``"gemm"`` or ``"direct"`` forces an algorithm (default: ``direct`` when a
+    group has fewer than 8 output channels or a reduction shorter than 8, ``mm`` for a 1x1 unpadded
+    ungrouped conv, else ``gemm``).
     """
     ep = epilogue or ConvEpilogue()
     if x.ndim != 4 or w.ndim != 4 or out.ndim != 4:
@@ -408,10 +464,15 @@ def conv2d(x: Operand, w: Operand, out: Operand, *, stride: int | Sequence[int] 
     res = ep.residual.broadcast_to(out.shape) if ep.residual is not None else None
     COG = COUT // G
     if algo is None:
-        algo = "direct" if COG < 8 or CG * KH * KW < 8 else "gemm"
-    if algo not in ("gemm", "direct"):
+        algo = "direct" if COG < 8 or CG * KH * KW < 8 else \
+            "mm" if mm_eligible(w.shape, (PH, PW), G) else "gemm"
+    if algo not in ("gemm", "direct", "mm"):
         raise ValueError(f"unknown conv algorithm {algo!r}")
     geo = ((N, CIN, H, W), (COUT, CG, KH, KW), (OH, OW), (SH, SW), (PH, PW), (DH, DW), G)
+    if algo == "mm":
+        extra = [o if o.shape == out.shape else o.broadcast_to(out.shape) for o in ep.operands] \
+            if ep.expr is not None else []
+        return _conv_mm(x, w, out, geo, ep, scale, shift, res, extra)
     base_key = key_of("conv2d", algo, geo, x.signature(), w.signature(), out.signature(), ep.signature())
     make = _conv_gemm if algo == "gemm" else _conv_direct
     extra = [o if o.shape == out.shape else o.broadcast_to(out.shape) for o in ep.operands] \

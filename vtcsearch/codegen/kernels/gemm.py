@@ -4,7 +4,7 @@
 ``b`` [B?, K, N] and ``out`` [B?, M, N] (a 2-d operand next to 3-d ones is broadcast
 over the batch).  Accumulation is fp32; the epilogue is, in this order::
 
-    y = acc * scale (+ bias)          bias: any operand broadcastable to out
+    y = acc * scale (* mul) (+ bias)  mul, bias: any operands broadcastable to out
     y = activation(y)                 relu | silu | sigmoid | tanh | gelu | gelu_tanh
     y = rope(y)                       interleaved pairs (2i, 2i+1) within each head
     y = y + residual                  residual: broadcastable to out
@@ -66,6 +66,7 @@ class Epilogue:
 
     scale: float = 1.0
     bias: Operand | None = None
+    mul: Operand | None = None      # a per-element factor before the bias (a conv's folded BatchNorm scale)
     activation: str | None = None
     rope: Rope | None = None
     residual: Operand | None = None
@@ -78,7 +79,8 @@ class Epilogue:
         rs = None if r is None else (r.cos.signature(), r.sin.signature(), r.head_dim, r.cols)
         return repr((self.scale, self.bias.signature() if self.bias else None, self.activation, rs,
                      self.residual.signature() if self.residual else None, tuple(self.lines), self.expr,
-                     tuple(o.signature() for o in self.operands)))
+                     tuple(o.signature() for o in self.operands),
+                     self.mul.signature() if self.mul is not None else None))
 
 
 _TEMPLATE = """
@@ -167,8 +169,15 @@ class SplitPlan(Plan):
         return len(self.parts)
 
 
-def _split_configs(M: int, N: int, K: int, B: int, sms: int) -> list[dict]:
-    """Split-K configurations for an output with too few tiles to fill ``sms`` SMs and a long K."""
+def split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> list[dict]:
+    """Split-K configurations for an output with too few tiles to fill ``sms`` SMs and a long K.
+
+    The one place that decides when and how a GEMM is split: the autotuner times these next to the
+    tiled configurations, and the analytical model (:mod:`cost_models.analytical`) prices the same
+    list, so a CPU search and a GPU run consider the same kernels.  Empty when splitting cannot pay
+    (enough tiles already, or a short K loop).  For M <= 16 (decode) the weights are streamed once
+    whatever the tiling: wide BLOCK_N / BLOCK_K tiles with enough splits that the grid has at least
+    ``2 * sms`` programs (:func:`decode_split_configs`)."""
     out = []
     for bm, bn, bk, w, st in ((16, 32, 128, 4, 3), (32, 32, 64, 4, 4), (16, 16, 256, 2, 3)):
         bm, bn, bk = min(bm, max(16, next_pow2(M))), min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
@@ -180,6 +189,31 @@ def _split_configs(M: int, N: int, K: int, B: int, sms: int) -> list[dict]:
                 break
             out.append({"BM": bm, "BN": bn, "BK": bk, "GROUP_M": 1, "SPLIT": split, "num_warps": w,
                         "num_stages": st})
+    if M <= 16:
+        seen = {(c["BM"], c["BN"], c["BK"], c["SPLIT"]) for c in out}
+        out += [c for c in decode_split_configs(M, N, K, B, sms) if (c["BM"], c["BN"], c["BK"], c["SPLIT"]) not in seen]
+    return out
+
+
+def decode_split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> list[dict]:
+    """Split-K for weight streaming (M <= 16): BLOCK_M 16, BLOCK_N 32-128 and BLOCK_K 128-256 (long
+    vectorised loads of the weight rows), and the fewest power-of-two splits that give the grid
+    ``>= 2 * sms`` programs (and that split once more), each split keeping at least one BK step."""
+    if M > 16:
+        return []
+    out = []
+    for bn, bk, w, st in ((64, 256, 4, 3), (128, 128, 4, 4), (32, 256, 4, 4), (128, 256, 8, 3)):
+        bn, bk = min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
+        tiles = -(-N // bn) * B
+        if tiles >= 2 * sms:        # the grid fills the SMs unsplit (an LM head): splitting only adds traffic
+            continue
+        split = 2
+        while tiles * split < 2 * sms and K // (2 * split) >= bk:
+            split *= 2
+        for s in (split, 2 * split):
+            if K // s >= bk and K >= 4 * bk:
+                out.append({"BM": 16, "BN": bn, "BK": bk, "GROUP_M": 1, "SPLIT": s, "num_warps": w,
+                            "num_stages": st})
     return out
 
 
@@ -210,8 +244,12 @@ def _batched(op: Operand, shape: Sequence[int]) -> Operand:
     return op if op.shape == tuple(shape) else op.broadcast_to(shape)
 
 
-def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None) -> Plan:
-    """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits)."""
+def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None,
+         config: dict | None = None, serial_pieces: bool = False) -> Plan:
+    """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits;
+    ``config``: force one whole configuration, e.g. one of :func:`split_configs`, for tests and benches;
+    ``serial_pieces``: no software pipelining of a K loop that reads ``a`` or ``b`` through a piecewise
+    map, the convolution template's guard against Triton 3.6 miscompiling it on the H200)."""
     ep = epilogue or Epilogue()
     if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
         raise ValueError("gemm takes 2-d or 3-d operands")
@@ -227,6 +265,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         a, b = _batched(a, (B, M, K)), _batched(b, (B, K, N))
     oshape = out.shape
     bias = _batched(ep.bias, oshape) if ep.bias is not None else None
+    mul = _batched(ep.mul, oshape) if ep.mul is not None else None
     res = _batched(ep.residual, oshape) if ep.residual is not None else None
     rope = ep.rope
     if rope is not None:
@@ -243,15 +282,24 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         raise ValueError(f"unknown activation {ep.activation!r}")
     gpu = not interpreting() and out.device.type == "cuda"
     configs = _configs(M, N, K, gpu)
-    if split_k is not None and split_k > 1:
+    if config is not None:
+        missing = {"BM", "BN", "BK", "GROUP_M", "num_warps", "num_stages"} - set(config)
+        if missing:
+            raise ValueError(f"gemm config lacks {sorted(missing)}")
+        configs = [dict(config)]
+    elif split_k is not None and split_k > 1:
         configs = [dict(configs[0], GROUP_M=1, SPLIT=split_k)]
     elif gpu:
-        configs += _split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
-    base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature())
+        configs += split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
+    base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature(),
+                      *(("serial_pieces",) if serial_pieces else ()))
     dot_dt = tl_dtype(a.dtype) if a.dtype == b.dtype and a.dtype.is_floating_point else "tl.float32"
     if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
         dot_dt = "tl.float32"
     dot_opts = ', input_precision="ieee"' if dot_dt == "tl.float32" and gpu else ""
+
+    def unpipelined(ios: dict) -> bool:
+        return serial_pieces and any(m != "single" for k in ("a", "b") for m in ios[k].modes)
 
     def build(cfg: dict) -> Plan:
         BM, BN, BK = cfg["BM"], cfg["BN"], cfg["BK"]
@@ -276,6 +324,10 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         epi: list[str] = []
         if ep.scale != 1.0:
             epi.append(f"y = y * {float(ep.scale)!r}")
+        if mul is not None:
+            ios["mul"] = IO(mul, "mul")
+            epi += ios["mul"].load("mul", oidx, shape="(BM, BN)", mask=omask, block=oblk)
+            epi.append("y = y * mul")
         if bias is not None:
             ios["bias"] = IO(bias, "bias")
             epi += ios["bias"].load("bias", oidx, shape="(BM, BN)", mask=omask, block=oblk)
@@ -321,6 +373,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
             psrc = render(_PARTIAL, **dims, load_a=load_a, load_b=load_b, dot_opts=dot_opts)
             rsrc = render(_REDUCE, **dims, epilogue=epi, store=store)
             opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
+            if unpipelined(ios):
+                opts["num_stages"] = 1
             part = Plan("gemm_partial", compile_source("gemm_partial_kernel", psrc), (tiles, B, split),
                         {"BM": BM, "BN": BN, "BK": BK, "KS": KS}, opts, psrc, modes, cfg)
             red = Plan("gemm_reduce", compile_source("gemm_reduce_kernel", rsrc), (tiles, B),
@@ -334,9 +388,11 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         grid = (tiles, B if batched else 1)
         constexprs = {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
         options = {k: cfg[k] for k in ("num_warps", "num_stages")}
-        return Plan("gemm", kern, grid, constexprs, options, src, modes, cfg)
+        if unpipelined(ios):
+            options["num_stages"] = 1
+        return Plan("gemm", kern, grid, constexprs, options, src, modes, {**cfg, **options})
 
-    extra = [x for x in (bias,) if x is not None]
+    extra = [x for x in (mul, bias) if x is not None]
     if rope is not None:
         extra += [cos, sin]
     if res is not None:
