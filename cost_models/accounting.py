@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
@@ -809,6 +809,13 @@ class Accounting:
                 if any(p.target is None for p in m.pieces):
                     units.append(Unit(len(units), "copy", f"{op.name}[{j}<-fill]", (op.outputs[j],),
                                       op=op.name, out=j))
+        if getattr(self.vtog, "parent", None) is not None:
+            # a part of a larger VTOG (solvers.decompose.sub_vtog): only the units whose maps its options can
+            # change; every other unit's cost is the same under every strategy of the part (a constant the
+            # search need not see), so a part's search costs O(part), not O(graph)
+            movable = set(self.options_of)
+            units = [replace(u, id=k) for k, u in enumerate(u for u in units if movable.intersection(u.tensors))]
+        self.part = getattr(self.vtog, "parent", None) is not None
         self.units = units
         self.units_of: dict[str, list[int]] = {}
         for u in units:

@@ -73,6 +73,7 @@ class SearchState:
         self._sensitive = _sensitive_storages(acc)
         self._update_ops = {o.name for o in acc.graph.movement_ops() if o.movement.updates}
         self.core_validations = 0
+        self._validity = None   # cost_models.validation.Validity, built at the first core check
         for t, o in (choice or {}).items():
             self.apply(self.propose(t, o))
 
@@ -262,7 +263,17 @@ class SearchState:
         """The core's verdict on ``choice`` (default: the current state): None or the broken rule."""
         choice = self.choice if choice is None else choice
         self.core_validations += 1
-        s = self.acc.strategy([e.id for o in choice.values() for e in self.acc.option_edges[o]])
+        edges = [e.id for o in choice.values() for e in self.acc.option_edges[o]]
+        if self._validity is None:
+            from .validation import Validity
+            try:
+                self._validity = Validity(self.acc)     # baseline: all physical
+            except StrategyError:
+                self._validity = False                  # no valid baseline: whole validations
+        if self._validity:
+            # incremental: only what differs from the last strategy found valid (same verdicts)
+            return self._validity.check(edges)
+        s = self.acc.strategy(edges)
         try:
             s.validate()
         except StrategyError as e:

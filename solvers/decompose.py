@@ -85,6 +85,7 @@ def sub_vtog(vtog: VTOG, options: list[int]) -> VTOG:
         op = vtog.options[o]
         sub.options.append(replace(op, id=k, edges=tuple(new_id[e] for e in op.edges)))
     sub.conflicts = {frozenset(new_id[e] for e in pair) for pair in vtog.conflicts if all(e in new_id for e in pair)}
+    sub.parent = vtog  # type: ignore[attr-defined]   # its accounting covers the part's units only
     return sub
 
 

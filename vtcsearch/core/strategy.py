@@ -77,7 +77,7 @@ class Resolver:
         return None
 
     def resolve(self, strategy: "Strategy", tensor: str) -> IndexMap | None:
-        """The resolved map of a virtual ``tensor``, or None to compose it the core's way."""
+        """The resolved map of ``tensor`` (virtual or physical), or None to compose it the core's way."""
         return None
 
     def residuals(self, strategy: "Strategy", op_name: str,
@@ -231,11 +231,10 @@ class Strategy:
             return {t: self.resolve(t) for t in self.graph.tensors}
         if tensor not in self._memo:
             info = self.graph.tensors[tensor]
-            m = None
-            if not self.is_virtual(tensor):
+            # a search's memo answers physical tensors too (their identity maps are shared, not rebuilt)
+            m = self.resolver.resolve(self, tensor) if self.resolver is not None else None
+            if m is None and not self.is_virtual(tensor):
                 m = IndexMap.identity(info.shape, info.storage_name)
-            elif self.resolver is not None:
-                m = self.resolver.resolve(self, tensor)
             if m is None:
                 m = IndexMap.union(info.shape, [e.map.compose({e.dst: self.resolve(e.dst)})
                                                 for e in self.chosen[tensor]])
@@ -380,18 +379,7 @@ class Strategy:
                 add(k, "r", r.src_tensor, [s for _, s in r.pairs])
             add(k, "w", r.dst_tensor, [d for d, _ in r.pairs])
         for storage, evs in events.items():
-            if len({comp[t] for _, _, t, _ in evs}) <= 1:
-                continue  # every tensor here holds the same values
-            writes = [e for e in evs if e[1] == "w"]
-            for tr, kind, t, box in evs:
-                if kind != "r":
-                    continue
-                related = [tw for tw, _, w, wb in writes if tw <= tr and comp[w] == comp[t] and _overlap(box, wb)]
-                est = max(related, default=-2)
-                for tw, _, w, wb in writes:
-                    if comp[w] != comp[t] and est < tw <= tr and _overlap(box, wb):
-                        raise StrategyError("hazard", t, f"read by step {tr} after {w} overwrote part of "
-                                                         f"{storage} at step {tw}")
+            storage_hazard(storage, evs, comp)
 
     def _value_classes(self) -> dict[str, int]:
         """Tensors that hold equal values wherever they share storage (joined by value-preserving edges)."""
@@ -424,6 +412,28 @@ class Strategy:
             with open(data) as f:
                 data = json.load(f)
         return cls(vtog, data["edges"], data.get("implementations"))
+
+
+def storage_hazard(storage: str, evs: list[tuple[int, str, str, tuple]], comp: Mapping[str, int]) -> None:
+    """The hazard rule on one storage's events ((step, "r"|"w", tensor, footprint box)); raises
+    :class:`StrategyError`.  Storages are independent, so an incremental check may run it on a few."""
+    if len({comp[t] for _, _, t, _ in evs}) <= 1:
+        return  # every tensor here holds the same values
+    writes = [e for e in evs if e[1] == "w"]
+    for tr, kind, t, box in evs:
+        if kind != "r":
+            continue
+        related = [tw for tw, _, w, wb in writes if tw <= tr and comp[w] == comp[t] and _overlap(box, wb)]
+        est = max(related, default=-2)
+        for tw, _, w, wb in writes:
+            if comp[w] != comp[t] and est < tw <= tr and _overlap(box, wb):
+                raise StrategyError("hazard", t, f"read by step {tr} after {w} overwrote part of "
+                                                 f"{storage} at step {tw}")
+
+
+def piece_footprint(p: Piece) -> tuple[tuple[int, int], ...]:
+    """Public name of the footprint the hazard rule compares (bounding box of a piece in its storage)."""
+    return _footprint(p)
 
 
 def _acyclic(succ: dict[str, set[str]]) -> bool:
