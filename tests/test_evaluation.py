@@ -98,6 +98,8 @@ def test_tables_from_two_runner_folders(folders):
     assert f"{PAPER['speedup_max']:.2f}x" in report and f"{PAPER['speedup_mean']:.2f}x" in report
     assert "7 of 10" in report and "60%" in report and "17.5%" in report
     assert "## Missing cases" in report and "yolo11 s bs16: not in any folder given" in report
+    assert "shufflenet bs1: 0.80x, 20.0% slower than compile_default (250.0 vs 200.0 us)" in report
+    assert "geometric mean 1.00x < 1.30x" in report and "shufflenet bs1: peak 35 MiB > torch.compile's 30 MiB" in report
 
 
 def test_a_modelled_or_failed_case_is_missing_not_compared(tmp_path):

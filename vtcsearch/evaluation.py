@@ -238,6 +238,19 @@ def headline(f11, t1, f12) -> dict[str, Any]:
             "movement_cases": len(vt)}
 
 
+def targets_missed(f11, t1, h) -> list[str]:
+    """Each missed target of issue 15 and by how much (per-kernel times: the runner folder's kernels.csv)."""
+    out = [f"{r['model']} bs{r['batch']}: {r['speedup']:.2f}x, {100 * (1 - r['speedup']):.1f}% slower than "
+           f"{r['best_baseline']} ({r['vtcsearch_us']:.1f} vs {r['best_baseline_us']:.1f} us)"
+           for r in f11 if r["speedup"] is not None and r["speedup"] < 1.0]
+    if h["speedup_mean"] is not None and h["speedup_mean"] < 1.30:
+        out.append(f"geometric mean {h['speedup_mean']:.2f}x < 1.30x over {h['speedup_cases']} case(s)")
+    out += [f"{r['model']} bs{r['batch']}: peak {r['vtcsearch_peak_mib']:.0f} MiB > torch.compile's "
+            f"{r['compile_peak_mib']:.0f} MiB (+{-100 * r['peak_reduction']:.1f}%)"
+            for r in t1 if r["peak_reduction"] is not None and r["peak_reduction"] < 0]
+    return out
+
+
 def _mib(b: float | None) -> float | None:
     return None if b is None else b / MIB
 
@@ -277,6 +290,8 @@ def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h) -> str:
                  f"{pct(h['memory_reduction_mean'])} over {h['memory_cases']} case(s) |\n"
                  f"| data movement eliminated | {p['movement_eliminated']} of {p['movement_cases']} | "
                  f"{h['movement_eliminated']} of {h['movement_cases']} profiled |\n")
+    lines.append("## Targets missed (issue 15: >= 1.0x everywhere, geomean >= 1.30x, peak <= torch.compile)\n")
+    lines.append("".join(f"- {m}\n" for m in targets_missed(f11, t1, h)) or "None among the measured cases.\n")
     lines.append("## Missing cases\n")
     lines.append("".join(f"- {m}\n" for m in missing) or "None: every expected case is measured.\n")
     if notes:
