@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import gc
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -49,6 +50,8 @@ class Measurement:
     movement_us: float | None = None        # profiled device time in data movement kernels
     compute_us: float | None = None
     skipped: str | None = None              # why this variant did not run
+    build_s: float | None = None            # seconds to build it and make its first call (torch.compile compiles
+                                            # lazily, on that call): the compile time beside vtcsearch's
     notes: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -131,8 +134,13 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
         with torch.no_grad():
+            t0 = time.perf_counter()
             fn = v.build()
-            for _ in range(3):
+            fn()
+            if cuda:
+                torch.cuda.synchronize()
+            build_s = time.perf_counter() - t0
+            for _ in range(2):
                 fn()
             peak = None
             if cuda:
@@ -150,6 +158,7 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
                     peak = int(v.own_bytes() + torch.cuda.max_memory_allocated() - base) if v.own_bytes else None
             m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile)
         m.peak_memory_bytes = peak
+        m.build_s = build_s
         return m, fn
     except Exception as e:  # keep the run going; the report says what failed
         return Measurement(v.name, skipped=f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"), None

@@ -447,7 +447,10 @@ def _copy_writable(acc, u, keys) -> bool:
 
 
 def _memory_model(m, acc, trees, maps_of, wvar):
-    """Cumulative over storage lifetimes; returns the capacity variable (peak minus constant storages)."""
+    """Cumulative over storage lifetimes; returns the capacity variable (peak minus constant storages).
+
+    A storage no candidate map lands in is left out (never allocated), as the evaluator counts it.
+    """
     horizon = acc.n_steps + 2
     intervals, demands = [], []
     lands: dict[str, list[tuple[Any, int, int]]] = defaultdict(list)   # storage -> (lit, start, end)
@@ -462,6 +465,10 @@ def _memory_model(m, acc, trees, maps_of, wvar):
         size = acc.graph.tensors[s].nbytes
         total += size
         ls = lands.get(s, [])
+        if not ls:
+            # no candidate map of any tensor lands in this storage (its tensors' maps all resolve elsewhere):
+            # it is never allocated, as in Accounting.peak_bytes, so it takes no room (min() of nothing before)
+            continue
         if s not in acc.nodes:
             lo = min(a for _, a, _ in ls)
             hi = max(b for _, _, b in ls)

@@ -53,7 +53,8 @@ TOP_TYPES = {
 }
 CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
               "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
-              "best_solver": OPT_STR, "error": OPT_STR, "floor": (dict, type(None)), "prepare": (dict, type(None))}
+              "best_solver": OPT_STR, "error": OPT_STR, "floor": (dict, type(None)), "prepare": (dict, type(None)),
+              "model_bytes": OPT_INT}
 
 
 def typed(value, types) -> bool:
@@ -167,11 +168,14 @@ def test_append_keeps_the_cases_it_does_not_redo(tiny_run, tmp_path):
         assert {row["batch"] for row in csv.DictReader(f)} == {"1", "2"}
     report = (out / "report.md").read_text()
     assert report.count("- Command: ") == 2
-    # redoing batch 1 replaces its rows instead of duplicating them
+    # redoing batch 1 with one solver replaces that solver's row, not duplicating it; the others stay
+    before = {r["variant"]: r for r in s["rows"] if r["batch"] == 1}
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none", "--append"]) == 0
     s = json.loads((out / "summary.json").read_text())
     assert [(c["case"], c["batch"]) for c in s["cases"]] == [("llama3", 1), ("llama3", 2)]
-    assert {r["solver"] for r in s["rows"] if r["batch"] == 1 and r["kind"] == "vtcsearch"} == {"none"}
+    after = [r["variant"] for r in s["rows"] if r["batch"] == 1]
+    assert sorted(after) == sorted(before) and len(after) == len(set(after))
+    assert {r["solver"] for r in s["rows"] if r["batch"] == 1 and r["kind"] == "vtcsearch"} == {"none", "greedy", "ilp"}
     # a folder of another config is refused, not mixed in
     other = json.loads((out / "summary.json").read_text())
     other["name"] = "llama"
@@ -260,7 +264,8 @@ def test_a_solver_entry_can_name_its_oracle(tmp_path, monkeypatch):
     import vtcsearch.run as run
     made = []
     real = run.make_oracle
-    monkeypatch.setattr(run, "make_oracle", lambda ctx, name=None: made.append(name) or real(ctx, name))
+    monkeypatch.setattr(run, "make_oracle",
+                        lambda ctx, name=None, objective=None: made.append(name) or real(ctx, name, objective))
     out = tmp_path / "o"
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--batch", "1",
                  "--solvers", "none,greedy,greedy@analytical,greedy@profiling"]) == 0
@@ -706,3 +711,118 @@ def test_half_precision_numerics_judged_against_fp32():
     wrong[7] += 4
     assert not copy._close(wrong, eager, ref32)
     assert not copy._close(other, eager, None)              # no fp32 reference: allclose decides
+
+
+# ---------------------------------------------------------------------------
+# issue 15: whole-model configs run in pieces
+# ---------------------------------------------------------------------------
+def test_append_merges_a_case_run_in_pieces(tmp_path):
+    """The solvers of a case in one call (``--baselines -``), its baselines in another (``--solvers -``):
+    every row of both pieces is in the folder, speedups recomputed over the merged rows, the case's record
+    (best solver, model bytes) kept."""
+    out = tmp_path / "pieces"
+    base = [str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--append"]
+    assert main(base + ["--solvers", "none,greedy", "--baselines", "-"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert {r["variant"] for r in s["rows"]} == {"vtc_none", "vtc_greedy"}
+    best = s["cases"][0]["best_solver"]
+    assert best in ("none", "greedy")
+    assert main(base + ["--solvers", "-"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert {r["variant"] for r in s["rows"]} == {"vtc_none", "vtc_greedy", "eager", "eager_cudagraphs",
+                                                 "compile_default"}
+    assert len(s["cases"]) == 1 and s["cases"][0]["best_solver"] == best
+    greedy = next(r for r in s["rows"] if r["variant"] == "vtc_greedy")
+    assert greedy["speedup_vs_none"] is not None and greedy["predicted_latency_us"] is not None
+    assert [r["command"].split("--solvers")[-1].split()[0] for r in s["runs"]] == ["none,greedy", "-"]
+    with open(out / "kernels.csv") as f:
+        assert {row["variant"] for row in csv.DictReader(f)} == {"vtc_none", "vtc_greedy"}
+
+
+def test_case_records_model_bytes(tiny_run):
+    """Each case records its parameters + buffers (weights, KV cache), the part of the peak that is not
+    activations."""
+    from experiments.baselines import model_bytes
+    from experiments.workloads import build_workload
+    _, out = tiny_run
+    s = json.loads((out / "summary.json").read_text())
+    w = build_workload("llama3", size="tiny", batch=1, part="attention", phase="decode", dtype=torch.bfloat16)
+    assert s["cases"][0]["model_bytes"] == model_bytes(w.model) > 0
+
+
+def test_a_baseline_records_its_build_time():
+    """run_variant times the build and the first call (torch.compile compiles lazily, on that call)."""
+    import time as _time
+
+    from experiments.baselines import Variant, run_variant
+
+    def build():
+        _time.sleep(0.05)
+        return lambda: _time.sleep(0.02)
+    m, _ = run_variant(Variant("slow", build), profile=False)
+    assert m.skipped is None and 0.07 <= m.build_s < 5
+
+
+def test_a_case_may_restrict_its_batch_sizes(tmp_path):
+    """``batch_sizes`` inside a case (prefill at batch 1 only) runs it at those, a subset of the config's."""
+    text = tiny_text().replace("batch_sizes: [1]", "batch_sizes: [1, 2]").replace(
+        "  params: {part: attention, phase: decode}\n",
+        "  params: {part: attention}\n  cases:\n    - {phase: decode}\n    - {phase: prefill, batch_sizes: [1]}\n")
+    cfg = load_config(write(tmp_path, text))
+    assert cfg.workload.cases == [{"phase": "decode"}, {"phase": "prefill"}]
+    assert cfg.workload.batches_of(0, cfg.batch_sizes) == [1, 2] and cfg.workload.batches_of(1, [1, 2]) == [1]
+    out = tmp_path / "o"
+    text = text.replace("  enabled: true", "  enabled: false")
+    assert main([str(write(tmp_path, text)), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none",
+                 "--baselines", "-"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert [(c["case"], c["batch"]) for c in s["cases"]] == [("decode", 1), ("decode", 2), ("prefill", 1)]
+    assert main([str(write(tmp_path, text)), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none",
+                 "--baselines", "-", "--cases", "prefill", "--batch", "2", "--append"]) == 2   # prefill: bs 1 only
+    s = json.loads((out / "summary.json").read_text())
+    assert len(s["cases"]) == 3          # untouched
+
+
+@pytest.mark.parametrize("case,words", [
+    ("{phase: prefill, batch_sizes: [4]}", "[4] not in the config's batch_sizes"),
+    ("{phase: prefill, batch_sizes: 1}", "expected a non-empty list of integers"),
+    ("{phase: prefill, batch_sizes: []}", "expected a non-empty list of integers"),
+])
+def test_bad_case_batch_sizes_are_one_line(tmp_path, case, words):
+    text = tiny_text().replace("  params: {part: attention, phase: decode}\n",
+                               f"  params: {{part: attention}}\n  cases:\n    - {case}\n")
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert "\n" not in msg and "workload.cases[0].batch_sizes" in msg and words in msg, msg
+
+
+def test_a_solver_entry_can_name_its_objective(tmp_path, capsys):
+    """``greedy:mix`` beside ``greedy``: the same search under the mix objective (the memory-objective run),
+    its own variant; an unknown objective is a one-line error."""
+    out = tmp_path / "o"
+    text = tiny_text() + "seconds_per_gib: 1.0e+6\n"
+    assert main([str(write(tmp_path, text)), "--out", str(out), "--device", "cpu", "--quiet",
+                 "--solvers", "none,greedy,greedy:mix", "--baselines", "-"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    rows = {r["variant"]: r for r in s["rows"]}
+    assert rows["vtc_greedy:mix"]["status"] == "ok"
+    # the mix objective prices memory: its objective is not the latency
+    assert rows["vtc_greedy:mix"]["objective"] > rows["vtc_greedy:mix"]["predicted_latency_us"] * 1e-6 * 1.5
+    assert rows["vtc_greedy"]["objective"] == pytest.approx(rows["vtc_greedy"]["predicted_latency_us"] * 1e-6)
+    assert s["cases"][0]["best_solver"] != "greedy:mix"
+    assert main([str(TINY), "--solvers", "ilp:speed", "--out", str(tmp_path / "x")]) == 2
+    assert "--solvers[0]: unknown objective 'speed' in 'ilp:speed'" in capsys.readouterr().err
+
+
+def test_whole_model_configs_load():
+    """The five whole models: LLMs decode at batch 1 and 16, prefill at batch 1; a memory-objective entry."""
+    for n in ("llama3_8b", "gemma2_9b"):
+        cfg = load_config(ROOT / "configs" / f"{n}.yaml")
+        assert cfg.workload.params["part"] == "model" and cfg.workload.params["context"] == 4096
+        assert [cfg.workload.batches_of(i, cfg.batch_sizes) for i in range(2)] == [[1, 16], [1]]
+    for n in ("llama3_8b", "gemma2_9b", "efficientvit", "yolo11", "shufflenet"):
+        cfg = load_config(ROOT / "configs" / f"{n}.yaml")
+        assert cfg.oracle_options["implementations"] == ["inductor", "library", "triton"]
+        assert {"none", "greedy", "ilp", "ilp:mix"} <= set(cfg.solvers) and cfg.batch_sizes == [1, 16]

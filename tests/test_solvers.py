@@ -333,3 +333,33 @@ def test_decomposition_equals_monolithic_ilp(source):
         parted.strategy.validate()
         assert "decomposition_failed" not in parted.info and parted.info["parts"] > 1
         assert abs(parted.objective - whole.objective) <= _tol(whole.objective), (parted.info, whole.info)
+
+
+def test_ilp_memory_model_storage_without_candidates():
+    """Under a memory or mix objective, a storage no candidate map lands in (here ``dead``: its own
+    tensor's map resolves elsewhere) is never allocated; the memory model once called min() on nothing."""
+    from types import SimpleNamespace
+
+    from ortools.sat.python import cp_model
+
+    from solvers.ilp import _memory_model
+
+    class Map:
+        def __init__(self, targets):
+            self._t = targets
+
+        def targets(self):
+            return self._t
+
+    tensors = {"a": SimpleNamespace(nbytes=100), "dead": SimpleNamespace(nbytes=1000)}
+    maps = {("a", "phys:a"): Map(["a"]), ("dead", "phys:dead"): Map(["a"])}
+    acc = SimpleNamespace(n_steps=2, graph=SimpleNamespace(tensors=tensors), span={"a": (0, 1), "dead": (1, 2)},
+                          intermediate={"a", "dead"}, nodes=set(),
+                          map_by_key=lambda t, k: maps[t, k], key_of=lambda t, k: f"phys:{t}")
+    m = cp_model.CpModel()
+    wvar = {("a", "phys:a"): 1, ("dead", "phys:dead"): 1}
+    cap = _memory_model(m, acc, {}, lambda t: [f"phys:{t}"], wvar)
+    m.minimize(cap)
+    solver = cp_model.CpSolver()
+    assert solver.solve(m) == cp_model.OPTIMAL
+    assert solver.value(cap) == 100

@@ -33,6 +33,15 @@ class WorkloadConfig:
     params: dict[str, Any] = field(default_factory=dict)     # builder kwargs shared by every case
     # one run per entry (per batch size): each is merged over params, e.g. [{part: attention}, {part: layer}]
     cases: list[dict[str, Any]] = field(default_factory=lambda: [{}])
+    # a case may restrict the batch sizes it runs at with its own key ``batch_sizes`` (a subset of the
+    # config's), e.g. {phase: prefill, batch_sizes: [1]}; taken out of its parameters when loaded, kept here
+    # (one entry per case; None: every batch size of the config)
+    case_batch_sizes: list[list[int] | None] = field(default_factory=list, metadata={"internal": True})
+
+    def batches_of(self, i: int, batch_sizes: list[int]) -> list[int]:
+        """The batch sizes case ``i`` runs at: ``batch_sizes`` (the config's or --batch) less those it excludes."""
+        own = self.case_batch_sizes[i] if i < len(self.case_batch_sizes) else None
+        return list(batch_sizes) if own is None else [b for b in batch_sizes if b in own]
 
 
 @dataclass
@@ -125,11 +134,26 @@ def config_from_dict(data: Any, where: str = "<config>") -> Config:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: the top level must be a mapping of keys, got {_tname(data)}")
     cfg = _build(Config, data, where, "")
+    _split_case_batches(cfg.workload, where)
     cfg.path = where if where != "<config>" else None
     if cfg.name is None:
         cfg.name = Path(where).stem if cfg.path else "config"
     _check_names(cfg, where)
     return cfg
+
+
+def _split_case_batches(w: WorkloadConfig, where: str) -> None:
+    """Move each case's ``batch_sizes`` key out of its builder parameters into ``w.case_batch_sizes``."""
+    w.case_batch_sizes = []
+    for i, case in enumerate(w.cases):
+        if not isinstance(case, dict) or "batch_sizes" not in case:
+            w.case_batch_sizes.append(None)
+            continue
+        own = case.pop("batch_sizes")
+        key = f"workload.cases[{i}].batch_sizes"
+        if not isinstance(own, list) or not own or any(isinstance(b, bool) or not isinstance(b, int) for b in own):
+            raise ConfigError(f"{where}: {key}: expected a non-empty list of integers, got {_tname(own)} {own!r}")
+        w.case_batch_sizes.append(own)
 
 
 def _tname(v: Any) -> str:
@@ -251,6 +275,11 @@ def _check_names(cfg: Config, where: str) -> None:
             fail(f"batch_sizes[{i}]", f"must be >= 1, got {b}")
     if len(set(cfg.batch_sizes)) != len(cfg.batch_sizes):
         fail("batch_sizes", "repeats a batch size")
+    for i, own in enumerate(w.case_batch_sizes):
+        extra = [b for b in own or [] if b not in cfg.batch_sizes]
+        if extra:
+            fail(f"workload.cases[{i}].batch_sizes", f"{extra} not in the config's batch_sizes "
+                                                     f"{cfg.batch_sizes}: a case only restricts them")
     check_solvers(cfg.solvers, f"{where}: solvers", SOLVERS)
     for s in cfg.budgets:
         if s not in SOLVERS:
@@ -279,24 +308,36 @@ def _check_names(cfg: Config, where: str) -> None:
         fail("output", "must not be empty")
 
 
+OBJECTIVES = ("latency", "memory", "mix")
+
+
 def split_solver(spec: str) -> tuple[str, str | None]:
     """``"ilp@analytical"`` -> ``("ilp", "analytical")``; ``"ilp"`` -> ``("ilp", None)`` (the run's oracle).
 
     A solver entry may name the oracle it searches with, so one run reports the
     same solver under two oracles side by side (issue 12: analytical and
-    profiling search of one case, in one process).
+    profiling search of one case, in one process), and after a colon the objective
+    (:func:`solver_objective`); that suffix is not part of either name.
     """
-    solver, _, oracle = spec.partition("@")
+    solver, _, oracle = spec.partition(":")[0].partition("@")
     return solver, (oracle or None)
 
 
-def check_solvers(names: list[str], where: str, registry: Any = None) -> None:
-    """A non-empty list of registered solver names (``solver`` or ``solver@oracle``) without repeats
-    (also used for ``--solvers``)."""
+def solver_objective(spec: str) -> str | None:
+    """``"ilp:mix"`` / ``"ilp@analytical:mix"`` -> ``"mix"``; None: the config's objective.
+
+    So one run reports the latency search beside a memory-aware one (issue 15's memory-objective run).
+    """
+    return spec.partition(":")[2] or None
+
+
+def check_solvers(names: list[str], where: str, registry: Any = None, *, allow_empty: bool = False) -> None:
+    """A non-empty list of registered solver names (``solver``, ``solver@oracle``, ``solver@oracle:objective``)
+    without repeats (also used for ``--solvers``, where ``-``, no solver, is allowed: baselines only)."""
     from cost_models import ORACLES
     if registry is None:
         from solvers import SOLVERS as registry
-    if not names:
+    if not names and not allow_empty:
         raise ConfigError(f"{where}: must list at least one solver")
     for i, spec in enumerate(names):
         s, oracle = split_solver(spec)
@@ -304,6 +345,10 @@ def check_solvers(names: list[str], where: str, registry: Any = None) -> None:
             raise ConfigError(f"{where}[{i}]: unknown solver {s!r}; choices: {', '.join(registry)}")
         if oracle is not None and oracle not in ORACLES:
             raise ConfigError(f"{where}[{i}]: unknown oracle {oracle!r} in {spec!r}; choices: {', '.join(ORACLES)}")
+        objective = solver_objective(spec)
+        if objective is not None and objective not in OBJECTIVES:
+            raise ConfigError(f"{where}[{i}]: unknown objective {objective!r} in {spec!r}; "
+                              f"choices: {', '.join(OBJECTIVES)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"{where}: repeats a solver")
 
@@ -314,5 +359,6 @@ def torch_dtype(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-__all__ = ["Config", "ConfigError", "NumericsConfig", "WorkloadConfig", "check_solvers", "config_from_dict", "split_solver",
+__all__ = ["OBJECTIVES", "Config", "ConfigError", "NumericsConfig", "WorkloadConfig", "check_solvers", "config_from_dict",
+           "solver_objective", "split_solver",
            "load_config", "torch_dtype"]

@@ -46,7 +46,7 @@ from typing import Any, Callable, Iterator, Sequence
 from . import atomic, floors
 from .codegen.interpreter import ensure_interpreter
 from .codegen.timing import machine
-from .config import Config, ConfigError, check_solvers, load_config, split_solver, torch_dtype
+from .config import Config, ConfigError, check_solvers, load_config, solver_objective, split_solver, torch_dtype
 from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, SCHEMA_VERSION, VariantKind, solver_of, variant_name  # noqa: F401
 
 QUICK_BUDGETS = {"ilp": 10.0, "optuna": 30.0}      # --quick caps these solver budgets
@@ -143,16 +143,22 @@ class RunContext:
         return self.device == "cuda"
 
     def oracle_for(self, spec: str):
-        """The oracle solver entry ``spec`` searches with: the run's, or the one it names (``ilp@analytical``)."""
+        """The oracle solver entry ``spec`` searches with: the run's, or the one it names (``ilp@analytical``),
+        under the objective it names (``ilp:mix``) or the config's."""
         name = split_solver(spec)[1]
-        if name is None:
+        objective = solver_objective(spec)
+        if objective == self.cfg.objective:
+            objective = None
+        if name is None and objective is None:
             return self.oracle
         if name == "profiling" and not self.measured:
             from solvers import SolverRefused
             raise SolverRefused(f"{spec}: the profiling oracle measures kernels on a GPU; this run has none")
-        if name not in self.oracles:
-            self.oracles[name] = make_oracle(self, name)
-        return self.oracles[name]
+        key = name or self.cfg.oracle
+        key = f"{key}:{objective}" if objective else key
+        if key not in self.oracles:
+            self.oracles[key] = make_oracle(self, name, objective)
+        return self.oracles[key]
 
     def budget(self, spec: str) -> float | None:
         solver = split_solver(spec)[0]
@@ -168,21 +174,23 @@ def implementation_counts(strategy) -> str:
     return ", ".join(f"{impl} {n}" for impl, n in sorted(Counter(strategy.impl.values()).items()))
 
 
-def make_objective(cfg: Config):
+def make_objective(cfg: Config, objective: str | None = None):
+    """The config's objective, or ``objective`` (a solver entry's ``:mix``) with the config's cap and price."""
     from cost_models import Objective
     cap = int(cfg.memory_cap_gib * 2 ** 30) if cfg.memory_cap_gib is not None else None
-    if cfg.objective == "latency":
+    objective = objective or cfg.objective
+    if objective == "latency":
         return Objective.latency(cap)
-    if cfg.objective == "memory":
+    if objective == "memory":
         return Objective(0.0, 1.0, cap)
     return Objective.mix(cfg.seconds_per_gib, cap)
 
 
-def make_oracle(ctx: RunContext, name: str | None = None):
-    """The config's oracle (or the one named); ``auto`` is profiling on a GPU (falling back to analytical
-    if it fails)."""
+def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None = None):
+    """The config's oracle (or the one named, under the objective named); ``auto`` is profiling on a GPU
+    (falling back to analytical if it fails)."""
     from cost_models import get_oracle
-    cfg, objective = ctx.cfg, make_objective(ctx.cfg)
+    cfg, objective = ctx.cfg, make_objective(ctx.cfg, objective)
     name = name or cfg.oracle
     if name == "auto":
         name = "profiling" if ctx.device == "cuda" else "analytical"
@@ -397,6 +405,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
              kernel_rows: list, numerics_rows: list) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One (case, batch): returns the case record and its summary rows."""
     import torch
+    from experiments.baselines import model_bytes
     from experiments.workloads import build_workload
     from vtcsearch.core.capture import capture
     from vtcsearch.core.vtog import build_vtog
@@ -435,7 +444,9 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                                          "movement_by_onnx", "parameter_bytes")},
             "vtog": {k: vs[k] for k in ("nodes", "edges", "options", "candidates", "conflicts", "edges_by_class")},
             "build_s": t_build, "capture_s": t_capture, "vtog_s": t_vtog, "best_solver": None,
-            "error": None, "floor": None, "prepare": None}
+            "error": None, "floor": None, "prepare": None,
+            # parameters + buffers (weights, KV caches): the measured peaks are on top of it (run_variant)
+            "model_bytes": model_bytes(w.model)}
     hw = None
     if cfg.breakdown.floors:
         hw = floors.hardware(cfg.hardware)
@@ -493,7 +504,9 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # pictures of the chosen points-to graphs
     ok_names = [n for n in results if n in evals]
     if ok_names:
-        case["best_solver"] = min(ok_names, key=lambda n: evals[n].objective)
+        # objectives of entries searching another objective (``ilp:mix``) are not comparable
+        same = [n for n in ok_names if solver_objective(n) in (None, cfg.objective)] or ok_names
+        case["best_solver"] = min(same, key=lambda n: evals[n].objective)
     if ok_names and cfg.draw != "none":
         best = case["best_solver"]
         for name in (ok_names if cfg.draw == "all" else [best]):
@@ -613,7 +626,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             else:
                 row.update(status="ok", measured_latency_us=m.median_us, measured_p20_us=m.p20_us,
                            measured_p80_us=m.p80_us, measured_peak_bytes=m.peak_memory_bytes, kernels=m.kernels,
-                           movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us)
+                           movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us,
+                           build_s=m.build_s)     # a baseline's compile time (build + first call); vtc: below
                 log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
                     f"{m.kernels} kernels ({m.movement_kernels} movement)")
             name = solver_of(var.name)
@@ -653,7 +667,7 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
     case = {"case": label, "batch": batch, "id": file_id(label, batch), "workload": cfg.workload.name,
             "description": "", "params": {**cfg.workload.params, **params, "size": cfg.workload.size},
             "dtype": cfg.dtype, "graph": {}, "vtog": {}, "build_s": 0.0, "capture_s": 0.0, "vtog_s": 0.0,
-            "best_solver": None, "error": reason, "floor": None, "prepare": None}
+            "best_solver": None, "error": reason, "floor": None, "prepare": None, "model_bytes": None}
     rows = [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": variant_name(s),
              "kind": VariantKind.VTCSEARCH, "solver": s, "status": "failed", "reason": reason} for s in cfg.solvers]
     rows += [{"case": label, "batch": batch, "workload": cfg.workload.name, "variant": b, "kind": VariantKind.BASELINE,
@@ -723,21 +737,28 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
         "steps": ctx.steps, "conv_layers": ctx.conv_layers,      # breakdown.steps / conv_layers (GPU)
     }
     kernel_rows: list[dict[str, Any]] = []
+    plan = [(i, p, b) for i, p in enumerate(cfg.workload.cases)
+            for b in cfg.workload.batches_of(i, cfg.batch_sizes)]
+    if not plan:
+        raise ConfigError(f"no case runs at batch size(s) {cfg.batch_sizes}: every case's own batch_sizes "
+                          f"exclude them")
     if append:
-        plan = {(case_label(p, cfg.workload.name), b) for p in cfg.workload.cases for b in cfg.batch_sizes}
-        kernel_rows = keep_earlier(out, summary, plan)
+        kernel_rows = keep_earlier(out, summary, {(case_label(p, cfg.workload.name), b) for _, p, b in plan},
+                                   redo=variants_of(cfg))
     numerics_cache: dict = {}
-    for params in cfg.workload.cases:
-        for b in cfg.batch_sizes:
-            try:
-                case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
-            except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
-                case, r = failed_case(ctx, params, b, e)
-            for o in [ctx.oracle, *ctx.oracles.values()]:
-                o.note_errors(ctx.notes)       # exceptions inside the oracle: counted, reported (issue 11)
+    for _, params, b in plan:
+        try:
+            case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
+        except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
+            case, r = failed_case(ctx, params, b, e)
+        for o in [ctx.oracle, *ctx.oracles.values()]:
+            o.note_errors(ctx.notes)       # exceptions inside the oracle: counted, reported (issue 11)
+        if append:
+            merge_case(summary, case, r)
+        else:
             summary["cases"].append(case)
             summary["rows"] += r
-            write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
+        write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
     numerics_cache.clear()
     return summary
 
@@ -807,8 +828,20 @@ def prepare_out(out: Path, *, measured: bool, force: bool, append: bool = False)
         raise OutputError(f"--out {out}: cannot write there ({e.strerror or first_line(e)})") from None
 
 
-def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]]) -> list[dict[str, Any]]:
-    """Move an earlier run's cases that ``plan`` does not redo into ``summary``; returns their kernel rows."""
+def variants_of(cfg: Config) -> set[str]:
+    """The variant names (rows) a run of ``cfg`` produces for each of its cases."""
+    return {variant_name(s) for s in cfg.solvers} | set(cfg.baselines)
+
+
+def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
+                 redo: set[str] | None = None) -> list[dict[str, Any]]:
+    """Move what an earlier run in ``out`` holds and this run does not redo into ``summary``; returns the
+    earlier kernel rows kept.
+
+    Cases outside ``plan`` are kept whole.  Of a planned case, the rows of variants outside ``redo`` are kept
+    too (with their kernel and numerics rows), so a case can be run in pieces: the solvers in one call, the
+    baselines (``--solvers -``) in another.  :func:`merge_case` then merges the new case record into the old.
+    """
     import pandas as pd
     path = out / "summary.json"
     if not path.exists():
@@ -818,12 +851,15 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
         raise ConfigError(f"--append: {path} holds {old.get('name')!r} "
                           f"({'measured' if old.get('measured') else 'modelled'}), not this run's "
                           f"{summary['name']!r} ({'measured' if summary['measured'] else 'modelled'})")
+    redo = set() if redo is None else redo
     keep = lambda r: (r["case"], r["batch"]) not in plan   # noqa: E731
-    summary["cases"] = [c for c in old["cases"] if keep(c)]
-    summary["rows"] = [r for r in old["rows"] if keep(r)]
-    summary["numerics"] = [r for r in old["numerics"] if keep(r)]
+    keep_row = lambda r: keep(r) or r.get("variant") not in redo   # noqa: E731
+    solver_redo = {solver_of(v) for v in redo if solver_of(v) is not None}
+    summary["cases"] = list(old["cases"])                 # planned ones are merged as they finish
+    summary["rows"] = [r for r in old["rows"] if keep_row(r)]
+    summary["numerics"] = [r for r in old["numerics"] if keep(r) or r.get("solver") not in solver_redo]
     for key in ("steps", "conv_layers"):       # in place: the run context appends to these lists
-        summary[key][:0] = [r for r in old.get(key, []) if keep(r)]
+        summary[key][:0] = [r for r in old.get(key, []) if keep_row(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
     earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
     summary["runs"][:0] = earlier
@@ -834,7 +870,31 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]])
         kdf = pd.read_csv(kpath)
     except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
         raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
-    return [r for r in kdf.to_dict("records") if keep(r)]
+    return [r for r in kdf.to_dict("records") if keep_row(r)]
+
+
+def merge_case(summary: dict[str, Any], case: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    """Add one finished (case, batch) to an appended ``summary``: its rows replace the same variants' earlier
+    rows (the others stay), its record is merged over the earlier one (an earlier ``best_solver``, search or
+    compile times survive a baselines-only piece), and speedups are recomputed over all the case's rows."""
+    same = lambda r: (r["case"], r["batch"]) == (case["case"], case["batch"])   # noqa: E731
+    mine = {r["variant"] for r in rows}
+    old_rows = [r for r in summary["rows"] if same(r) and r["variant"] not in mine]
+    summary["rows"] = [r for r in summary["rows"] if not same(r)]
+    merged = old_rows + rows
+    for r in merged:                       # recomputed below from the merged rows
+        r["speedup_vs_none"] = r["speedup_vs_best_baseline"] = None
+    finish_rows(merged, bool(summary.get("measured")), (case.get("floor") or {}).get("floor_us"))
+    summary["rows"] += merged
+    old = next((c for c in summary["cases"] if same(c)), None)
+    if old is not None:
+        summary["cases"].remove(old)
+        if not case.get("error"):
+            keep = {k: v for k, v in old.items() if v is not None and case.get(k) is None}
+            if not any(r["kind"] == VariantKind.VTCSEARCH and r.get("status") == "ok" for r in rows):
+                keep["best_solver"] = old.get("best_solver")     # a baselines-only piece chose no solver
+            case = {**case, **keep}
+    summary["cases"].append(case)
 
 
 def _finite(x: Any) -> bool:
@@ -868,14 +928,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help="cuda: measure on the GPU; cpu: model latencies, check numerics in the interpreter "
                          "(default: cuda when there is one)")
     ap.add_argument("--out", default=None, help="output folder (default: the config's output)")
-    ap.add_argument("--solvers", default=None, help="comma-separated solvers, replacing the config's")
+    ap.add_argument("--solvers", default=None, help="comma-separated solvers, replacing the config's ('-': none, "
+                                                     "baselines only; with --append the solvers' rows stay)")
     ap.add_argument("--cases", default=None,
                     help="comma-separated case labels to run (as report.md names them), a subset of the config's")
     ap.add_argument("--batch", nargs="+", type=int, default=None, metavar="N",
                     help="batch sizes, replacing the config's")
     ap.add_argument("--oracle", default=None, help="cost oracle (auto, analytical, profiling, recorded), "
                                                      "replacing the config's")
-    ap.add_argument("--baselines", default=None, help="comma-separated baselines, replacing the config's")
+    ap.add_argument("--baselines", default=None, help="comma-separated baselines, replacing the config's ('-': none)")
     ap.add_argument("--implementations", default=None,
                     help="comma-separated kernel implementations the search may choose (triton,library,inductor); "
                          "sets oracle_options.implementations")
@@ -883,8 +944,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                     help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "
                          f"skip {', '.join(QUICK_SKIPS)}")
     ap.add_argument("--append", action="store_true",
-                    help="keep the cases already in the output folder that this run does not redo "
-                         "(run a config in pieces, e.g. one --batch per call)")
+                    help="keep what the output folder already holds that this run does not redo: other cases, "
+                         "and of a case it runs, the variants it does not run (a config in pieces: one --batch "
+                         "per call, or --solvers - for the baselines and --baselines - for the solvers)")
     ap.add_argument("--force", action="store_true",
                     help="let a run without a GPU write into a folder holding measured results")
     ap.add_argument("--quiet", action="store_true", help="no progress lines (the summary table is still printed)")
@@ -897,8 +959,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg = load_config(args.config)
         if args.solvers is not None:
-            cfg.solvers = [s.strip() for s in args.solvers.split(",") if s.strip()]
-            check_solvers(cfg.solvers, "--solvers")
+            cfg.solvers = [] if args.solvers.strip() == "-" else [s.strip() for s in args.solvers.split(",")
+                                                                   if s.strip()]
+            check_solvers(cfg.solvers, "--solvers", allow_empty=args.solvers.strip() == "-")
         if args.oracle is not None:
             from cost_models import ORACLES
             if args.oracle != "auto" and args.oracle not in ORACLES:
@@ -913,17 +976,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             cfg.oracle_options = {**cfg.oracle_options, "implementations": impls}
         if args.baselines is not None:
             from experiments.baselines import BASELINES
-            cfg.baselines = [b.strip() for b in args.baselines.split(",") if b.strip()]
+            cfg.baselines = [] if args.baselines.strip() == "-" else [b.strip() for b in args.baselines.split(",")
+                                                                       if b.strip()]
             bad = [b for b in cfg.baselines if b not in BASELINES]
             if bad:
                 raise ConfigError(f"--baselines: unknown {bad}; choices: {', '.join(BASELINES)}")
         if args.cases is not None:
             want = [c.strip() for c in args.cases.split(",") if c.strip()]
-            labels = {case_label(p, cfg.workload.name): p for p in cfg.workload.cases}
+            w = cfg.workload
+            labels = {case_label(p, w.name): i for i, p in enumerate(w.cases)}
             bad = [c for c in want if c not in labels]
             if bad or not want:
                 raise ConfigError(f"--cases: unknown {bad}; choices: {', '.join(labels)}")
-            cfg.workload.cases = [labels[c] for c in dict.fromkeys(want)]
+            keep = [labels[c] for c in dict.fromkeys(want)]
+            own = [w.case_batch_sizes[i] if i < len(w.case_batch_sizes) else None for i in keep]
+            w.cases, w.case_batch_sizes = [w.cases[i] for i in keep], own
         if args.batch is not None:
             if any(b < 1 for b in args.batch):
                 raise ConfigError("--batch: batch sizes must be >= 1")

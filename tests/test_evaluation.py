@@ -1,0 +1,119 @@
+"""vtcsearch.evaluation: the paper's tables from a fake pair of runner folders (issue 15)."""
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from vtcsearch.evaluation import EXPECTED, PAPER, evaluate, main
+from vtcsearch.schema import ROW_FIELDS
+
+MIB = 2 ** 20
+
+
+def row(case, batch, variant, us, peak_mib, *, kind="baseline", solver=None, mv_us=0.0, mv_k=0, build_s=None,
+        status="ok", **kw):
+    r = {f: None for f in ROW_FIELDS}
+    r.update(case=case, batch=batch, variant=variant, kind=kind, solver=solver, status=status,
+             measured_latency_us=us, latency_us=us, measured_peak_bytes=int(peak_mib * MIB), movement_us=mv_us,
+             movement_kernels=mv_k, compute_us=100.0, kernels=10, build_s=build_s, **kw)
+    return r
+
+
+def vtc(case, batch, solver, us, peak_mib, **kw):
+    return row(case, batch, f"vtc_{solver}", us, peak_mib, kind="vtcsearch", solver=solver,
+               predicted_latency_us=us * 0.9, predicted_activation_peak_bytes=int(peak_mib * MIB), **kw)
+
+
+def folder(tmp: Path, name: str, workload: str, cases: list[dict], rows: list[dict], measured=True) -> Path:
+    d = tmp / name
+    d.mkdir()
+    (d / "summary.json").write_text(json.dumps({
+        "schema_version": 1, "name": name, "measured": measured, "config": {"workload": {"name": workload}},
+        "cases": cases, "rows": rows, "runs": []}))
+    return d
+
+
+def case(label, batch, best, model_mib, **kw):
+    return {"case": label, "batch": batch, "best_solver": best, "model_bytes": int(model_mib * MIB),
+            "capture_s": 3.0, "vtog_s": 1.0, "error": None, **kw}
+
+
+@pytest.fixture
+def folders(tmp_path):
+    llama = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000)], [
+        row("decode", 1, "eager", 1500, 300),
+        row("decode", 1, "compile_default", 1000, 100, mv_us=120.0, mv_k=4, build_s=40.0),
+        row("decode", 1, "handwritten_compiled", 500, 80),          # a reference: never the best baseline
+        vtc("decode", 1, "none", 900, 90, solve_wall_s=0.1, build_s=5.0),
+        vtc("decode", 1, "ilp", 800, 50, solve_wall_s=60.0, build_s=7.0),
+        vtc("decode", 1, "ilp:mix", 850, 30, solve_wall_s=61.0, build_s=7.0),
+    ])
+    shuffle = folder(tmp_path, "shufflenet", "shufflenet", [case("shufflenet", 1, "ilp", 10)], [
+        row("shufflenet", 1, "compile_default", 200, 20, mv_us=30.0, mv_k=3, build_s=20.0),
+        vtc("shufflenet", 1, "ilp", 250, 25, mv_us=5.0, mv_k=1, solve_wall_s=2.0, build_s=3.0),
+    ])
+    return llama, shuffle, tmp_path / "eval"
+
+
+def test_tables_from_two_runner_folders(folders):
+    llama, shuffle, out = folders
+    res = evaluate([llama, shuffle], out)
+    f11 = {(r["model"], r["batch"]): r for r in res["figure11"]}
+    assert set(f11) == {("llama3_8b decode", 1), ("shufflenet", 1)}
+    assert f11["llama3_8b decode", 1]["best_baseline"] == "compile_default"      # not the hand-written reference
+    assert f11["llama3_8b decode", 1]["vtcsearch_solver"] == "ilp"               # the search's pick, not the fastest
+    assert f11["llama3_8b decode", 1]["speedup"] == pytest.approx(1000 / 800)
+    assert f11["shufflenet", 1]["speedup"] == pytest.approx(0.8)
+    h = res["headline"]
+    assert h["speedup_mean"] == pytest.approx(math.sqrt(1.25 * 0.8)) and h["speedup_max"] == pytest.approx(1.25)
+    assert h["speedup_below_1"] == 1
+    t1 = {r["model"]: r for r in res["table1"]}
+    assert t1["llama3_8b decode"]["vtcsearch_peak_mib"] == pytest.approx(1050)
+    assert t1["llama3_8b decode"]["peak_reduction"] == pytest.approx(1 - 1050 / 1100)
+    assert t1["llama3_8b decode"]["activation_reduction"] == pytest.approx(0.5)
+    assert t1["shufflenet"]["peak_reduction"] == pytest.approx(1 - 35 / 30)     # more memory: negative, shown
+    assert (h["movement_eliminated"], h["movement_cases"]) == (1, 2)
+    f12 = [r for r in res["figure12"] if r["model"] == "llama3_8b decode"]
+    assert {(r["who"], r["movement_us"]) for r in f12} == {("best baseline", 120.0), ("vtcsearch", 0.0)}
+    ct = {r["model"]: r for r in res["compile_time"]}["llama3_8b decode"]
+    assert (ct["capture_s"], ct["search_s"], ct["kernel_build_s"], ct["compile_default_build_s"]) == (3.0, 60.0, 7.0,
+                                                                                                         40.0)
+    (mo,) = res["memory_objective"]
+    assert mo["solver"] == "ilp:mix" and mo["slowdown"] == pytest.approx(850 / 800)
+    assert mo["activation_saving"] == pytest.approx(1 - 30 / 50)
+    # missing cases are listed, never invented
+    assert len(res["missing"]) == len(EXPECTED) - 2
+    assert "gemma2_9b decode bs1: not in any folder given" in res["missing"]
+    assert not any(m.startswith("llama3_8b decode bs1:") for m in res["missing"])
+    for name in ("figure11", "table1", "figure12", "compile_time", "memory_objective"):
+        with open(out / f"{name}.csv") as f:
+            assert len(list(csv.DictReader(f))) == len(res[name])
+    for png in ("figure11.png", "table1.png", "figure12.png"):
+        assert (out / png).stat().st_size > 0
+    report = (out / "report.md").read_text()
+    assert f"{PAPER['speedup_max']:.2f}x" in report and f"{PAPER['speedup_mean']:.2f}x" in report
+    assert "7 of 10" in report and "60%" in report and "17.5%" in report
+    assert "## Missing cases" in report and "yolo11 s bs16: not in any folder given" in report
+    assert "shufflenet bs1: 0.80x, 20.0% slower than compile_default (250.0 vs 200.0 us)" in report
+    assert "geometric mean 1.00x < 1.30x" in report and "shufflenet bs1: peak 35 MiB > torch.compile's 30 MiB" in report
+
+
+def test_a_modelled_or_failed_case_is_missing_not_compared(tmp_path):
+    mod = folder(tmp_path, "yolo11", "yolo11", [case("n", 1, "ilp", 5), case("s", 1, None, 10, error="capture: x")], [
+        vtc("n", 1, "ilp", 100, 5), row("n", 1, "eager", None, 0, status="skipped")], measured=False)
+    res = evaluate([mod], tmp_path / "eval")
+    (n,) = [r for r in res["figure11"] if r["model"] == "yolo11 n"]
+    assert n["speedup"] is None and n["vtcsearch_us"] is None and n["modelled_us"] == pytest.approx(90)
+    assert "yolo11 n bs1: modelled only (no GPU run)" in res["missing"]
+    assert "yolo11 s bs1: the case failed (capture: x)" in res["missing"]
+    assert res["headline"]["speedup_cases"] == 0
+
+
+def test_cli_one_line_error_on_a_folder_without_summary(tmp_path, capsys):
+    assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "nope" in err and err.count("\n") == 1
