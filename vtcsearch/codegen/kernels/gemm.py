@@ -202,7 +202,7 @@ def decode_split_configs(M: int, N: int, K: int, B: int = 1, sms: int = 132) -> 
     if M > 16:
         return []
     out = []
-    for bn, bk, w, st in ((64, 256, 4, 3), (128, 128, 4, 4), (32, 256, 4, 4), (128, 256, 8, 3)):
+    for bn, bk, w, st in ((64, 256, 4, 3), (128, 128, 4, 4), (32, 256, 4, 4), (128, 256, 8, 2)):
         bn, bk = min(bn, max(16, next_pow2(N))), min(bk, max(16, next_pow2(K)))
         tiles = -(-N // bn) * B
         if tiles >= 2 * sms:        # the grid fills the SMs unsplit (an LM head): splitting only adds traffic
