@@ -60,7 +60,7 @@ config.  Generated kernel modules are written to ``$VTC_KERNEL_CACHE`` (default:
 from .attention import attention, kv_group
 from .conv import ConvEpilogue, conv2d
 from .copy import copy, copy_pieces
-from .gemm import Epilogue, Rope, gemm
+from .gemm import Epilogue, Rope, RowNorm, gemm
 from .pointwise import pointwise
 from .pool import avg_pool2d, global_avg_pool2d, max_pool2d, upsample_nearest2d
 from .reduction import layernorm, rmsnorm, softmax
@@ -70,7 +70,7 @@ from .emit import IO
 from .operand import Operand
 
 __all__ = [
-    "Operand", "IO", "Plan", "gemm", "Epilogue", "Rope", "attention", "kv_group", "pointwise",
+    "Operand", "IO", "Plan", "gemm", "Epilogue", "Rope", "RowNorm", "attention", "kv_group", "pointwise",
     "rmsnorm", "layernorm", "softmax", "copy", "copy_pieces", "clear_caches", "interpreting",
     "conv2d", "ConvEpilogue", "max_pool2d", "avg_pool2d", "global_avg_pool2d", "upsample_nearest2d",
 ]

@@ -83,6 +83,26 @@ class Epilogue:
                      self.mul.signature() if self.mul is not None else None))
 
 
+@dataclass
+class RowNorm:
+    """A row-wise normalisation of ``a`` computed inside the GEMM (prologue fusion, decode GEMMs).
+
+    Each program first sums ``a[m, :]**2`` over the whole K (fp32, one extra pass over its
+    A rows, cheap when M is small), then every A tile is loaded as
+    ``round(a * rstd[m] * weight[k])`` with ``rstd = rsqrt(mean(a^2) + eps)``: what the unfused
+    RMSNorm kernel stores, so the product reads the same values.  ``round``: a line of code
+    that sets ``a`` to its value as the unfused norm stored it (its output dtype; empty: fp32).
+    """
+
+    weight: Operand | None = None     # [K], or None (1)
+    eps: float = 1e-6
+    round: str = ""
+    kind: str = "rmsnorm"
+
+    def signature(self) -> str:
+        return repr((self.kind, self.weight.signature() if self.weight is not None else None, self.eps, self.round))
+
+
 _TEMPLATE = """
 @triton.jit
 def gemm_kernel(@params@, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr):
@@ -99,11 +119,13 @@ def gemm_kernel(@params@, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, 
     pid_n = (pid % num_pid_in_group) // group_size_m
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
+    @@norm_stats
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, @K@, BK):
         rk = k0 + tl.arange(0, BK)
         # stage 1: load the A and B tiles through their maps
         @@load_a
+        @@norm_apply
         @@load_b
         # stage 2: multiply-accumulate in fp32
         acc = tl.dot(a, b, acc@dot_opts@)
@@ -121,10 +143,12 @@ def gemm_partial_kernel(@params@, ws, BM: tl.constexpr, BN: tl.constexpr, BK: tl
     @@prologue
     pid_k = tl.program_id(2)
     @@tile
+    @@norm_stats
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(pid_k * KS, pid_k * KS + KS, BK):
         rk = k0 + tl.arange(0, BK)
         @@load_a
+        @@norm_apply
         @@load_b
         acc = tl.dot(a, b, acc@dot_opts@)
     wrow = (pid_k * @B@ + pid_b) * @M@ + rm[:, None]
@@ -240,17 +264,50 @@ def _configs(M: int, N: int, K: int, gpu: bool) -> list[dict]:
     return out
 
 
+def _row_norm(pro: RowNorm | None, ios: dict, bidx: list[str], ablk: list, M: int, K: int, BK: int,
+              mrow: str | None, mk_a: str | None, dot_dt: str, join) -> tuple[list[str], list[str]]:
+    """The prologue's code: (the statistics pass before the K loop, the lines that normalise each A tile)."""
+    if pro is None:
+        return [], []
+    mk = f"(rk[None, :] < {K})" if K % BK else None
+    stats = ios["a"].load("a", bidx + ["rm[:, None]", "rk[None, :]"], shape="(BM, BK)", mask=join(mrow, mk),
+                          block=ablk, dtype="tl.float32")
+    lines = ["# prologue: each row's statistic, one pass over K in fp32",
+             "ss = tl.zeros((BM,), dtype=tl.float32)", f"for k0 in range(0, {K}, BK):",
+             "    rk = k0 + tl.arange(0, BK)"] + ["    " + ln for ln in stats] + \
+        ["    ss += tl.sum(a * a, 1)", f"rstd = tl.rsqrt(ss / {K} + {float(pro.eps)!r})"]
+    apply = []
+    if pro.weight is not None:
+        if tuple(pro.weight.shape) != (K,):
+            raise ValueError(f"a row-norm prologue's weight must be [K] = [{K}], got {tuple(pro.weight.shape)}")
+        ios["nw"] = IO(pro.weight, "nw")
+        apply += ios["nw"].load("nw", ["rk"], shape="(BK,)", mask=f"(rk < {K})" if mk_a else None,
+                                dtype="tl.float32")
+        apply.append("a = a * rstd[:, None] * nw[None, :]")
+    else:
+        apply.append("a = a * rstd[:, None]")
+    if pro.round:
+        apply.append(pro.round)
+    if dot_dt != "tl.float32":
+        apply.append(f"a = a.to({dot_dt})")
+    return lines, apply
+
+
 def _batched(op: Operand, shape: Sequence[int]) -> Operand:
     return op if op.shape == tuple(shape) else op.broadcast_to(shape)
 
 
 def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None, split_k: int | None = None,
-         config: dict | None = None, serial_pieces: bool = False) -> Plan:
+         config: dict | None = None, serial_pieces: bool = False, prologue: RowNorm | None = None) -> Plan:
     """``out = epilogue(a @ b)``; see the module docstring (``split_k``: force that many K splits;
     ``config``: force one whole configuration, e.g. one of :func:`split_configs`, for tests and benches;
     ``serial_pieces``: no software pipelining of a K loop that reads ``a`` or ``b`` through a piecewise
-    map, the convolution template's guard against Triton 3.6 miscompiling it on the H200)."""
+    map, the convolution template's guard against Triton 3.6 miscompiling it on the H200;
+    ``prologue``: normalise ``a``'s rows while loading them, see :class:`RowNorm`)."""
     ep = epilogue or Epilogue()
+    pro = prologue
+    if pro is not None and pro.kind != "rmsnorm":
+        raise ValueError(f"unknown GEMM prologue {pro.kind!r}")
     if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
         raise ValueError("gemm takes 2-d or 3-d operands")
     batched = max(a.ndim, b.ndim, out.ndim) == 3
@@ -292,7 +349,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
     elif gpu:
         configs += split_configs(M, N, K, B, torch.cuda.get_device_properties(out.device).multi_processor_count)
     base_key = key_of("gemm", a.signature(), b.signature(), out.signature(), ep.signature(),
-                      *(("serial_pieces",) if serial_pieces else ()))
+                      *(("serial_pieces",) if serial_pieces else ()), *((pro.signature(),) if pro else ()))
     dot_dt = tl_dtype(a.dtype) if a.dtype == b.dtype and a.dtype.is_floating_point else "tl.float32"
     if not gpu:  # Triton's interpreter multiplies bf16 tiles wrongly (3.9): feed it fp32
         dot_dt = "tl.float32"
@@ -314,8 +371,10 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         mk_b = f"(rk[:, None] < {K})" if ragged_k else None
         ncol = f"(rn[None, :] < {N})" if N % BN else None
         join = lambda *ms: " & ".join(m for m in ms if m) or None  # noqa: E731
+        ablk = bblk + [("pid_m * BM", BM), ("k0", BK)]
         load_a = ios["a"].load("a", bidx + ["rm[:, None]", "rk[None, :]"], shape="(BM, BK)",
-                               mask=join(mrow, mk_a), block=bblk + [("pid_m * BM", BM), ("k0", BK)], dtype=dot_dt)
+                               mask=join(mrow, mk_a), block=ablk, dtype="tl.float32" if pro else dot_dt)
+        norm_stats, norm_apply = _row_norm(pro, ios, bidx, ablk, M, K, BK, mrow, mk_a, dot_dt, join)
         load_b = ios["b"].load("b", bidx + ["rk[:, None]", "rn[None, :]"], shape="(BK, BN)",
                                mask=join(mk_b, ncol), block=bblk + [("k0", BK), ("pid_n * BN", BN)], dtype=dot_dt)
         oidx = bidx + ["rm[:, None]", "rn[None, :]"]
@@ -361,6 +420,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
             epi += [index_codes(line, oidx) for line in ep.lines]
             epi.append(f"y = ({index_codes(ep.expr, oidx)}) + tl.zeros((BM, BN), tl.float32)")
         store = ios["out"].store("y", oidx, mask=omask, block=oblk)
+        if "nw" in ios:      # the prologue's weight is the last kernel argument
+            ios["nw"] = ios.pop("nw")
         params, prologue = [], []
         for io in ios.values():
             params += io.params()
@@ -370,7 +431,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
         if split > 1:
             dims = dict(params=params, prologue=prologue, tile=[ln.replace("@N@", str(N)) for ln in _SPLIT_TILE],
                         M=str(M), N=str(N), B=str(B))
-            psrc = render(_PARTIAL, **dims, load_a=load_a, load_b=load_b, dot_opts=dot_opts)
+            psrc = render(_PARTIAL, **dims, load_a=load_a, load_b=load_b, dot_opts=dot_opts,
+                          norm_stats=norm_stats, norm_apply=norm_apply)
             rsrc = render(_REDUCE, **dims, epilogue=epi, store=store)
             opts = {k: cfg[k] for k in ("num_warps", "num_stages")}
             if unpipelined(ios):
@@ -383,7 +445,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
             return SplitPlan("gemm", None, (tiles, B, split), {}, {}, psrc + rsrc, modes, cfg,
                              parts=[part, red], workspace=ws)
         src = render(_TEMPLATE, params=params, prologue=prologue, M=str(M), N=str(N), K=str(K),
-                     load_a=load_a, load_b=load_b, epilogue=epi, store=store, dot_opts=dot_opts)
+                     load_a=load_a, load_b=load_b, epilogue=epi, store=store, dot_opts=dot_opts,
+                     norm_stats=norm_stats, norm_apply=norm_apply)
         kern = compile_source("gemm_kernel", src)
         grid = (tiles, B if batched else 1)
         constexprs = {k: cfg[k] for k in ("BM", "BN", "BK", "GROUP_M")}
@@ -398,6 +461,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
     if res is not None:
         extra.append(res)
     extra += extra_ops
+    if pro is not None and pro.weight is not None:
+        extra.append(pro.weight)
     args = a.kernel_args() + b.kernel_args() + out.kernel_args() + [v for x in extra for v in x.kernel_args()]
 
     def runner(cfg: dict):
