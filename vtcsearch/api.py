@@ -125,7 +125,7 @@ class Compiled:
 def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: str = "ilp",
             oracle: Any = "analytical", hardware: str = "H200", objective: Any = "latency",
             cuda_graph: bool = False, budget: float | None = None, seed: int = 0,
-            implementations: Sequence[str] | None = None) -> Compiled:
+            implementations: Sequence[str] | None = None, prologues: bool = False) -> Compiled:
     """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
 
     ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
@@ -134,7 +134,8 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
     ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper;
     adding ``"inductor"`` lets it hand groups to TorchInductor, merged into one compiled region
-    wherever no virtual tensor separates them).
+    wherever no virtual tensor separates them); ``prologues``: fold a row norm into the decode GEMM
+    that reads it (:func:`vtcsearch.core.fusion.merge_prologues`).
     Returns a :class:`Compiled` callable.
     """
     import warnings
@@ -176,6 +177,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph = capture(model, example_inputs)
+        if prologues:
+            from .core.fusion import fuse_graph
+            fuse_graph(graph, prologues=True)
         vtog = build_vtog(graph)
         result = search(vtog, oracle, budget=budget, seed=seed)
         result.strategy.validate()

@@ -21,9 +21,10 @@ import torch
 
 from .elementwise import Unsupported, compile_region, round_to
 from ..core import implementation as im
-from ..core.fusion import ATTENTION, CONV, ELEMENTWISE, LAYERNORM, MATMUL, RMSNORM, Group, region_outputs
+from ..core.fusion import (ATTENTION, CONV, ELEMENTWISE, LAYERNORM, MATMUL, RMSNORM, Group, region_outputs,
+                           without_prologue)
 from ..core.graph import kernel_io
-from .kernels import (ConvEpilogue, Epilogue, Operand, attention, avg_pool2d, conv2d, copy, gemm,
+from .kernels import (ConvEpilogue, Epilogue, Operand, RowNorm, attention, avg_pool2d, conv2d, copy, gemm,
                       global_avg_pool2d, layernorm, max_pool2d, pointwise, rmsnorm, softmax)
 from .kernels.conv import out_size
 from .kernels.codecache import Plan
@@ -150,9 +151,26 @@ def _epilogue_region(ctx: Context, group: Group, t: str) -> tuple[str, list[str]
     return outs[0], [f"y_r = {round_to(g.tensors[t].dtype, 'y')}"] + rc.lines, rc.results[0], ins
 
 
+def _prologue(ctx: Context, pro: dict, a: str) -> tuple[Operand, RowNorm]:
+    """A fused row norm (:func:`vtcsearch.core.fusion.merge_prologues`): the GEMM reads the norm's input
+    as A (its rows reshaped to A's [M, K]) and normalises each tile as the unfused kernel stores it."""
+    g = ctx.graph
+    if pro["kind"] != RMSNORM:
+        raise Unsupported(f"no GEMM prologue for {pro['kind']}")
+    x = ctx.operand(pro["x"])
+    shape = g.tensors[a].shape
+    x = x if x.shape == shape else x.reshape(shape)
+    w = ctx.operand(pro["weight"]) if pro["weight"] is not None else None
+    dt = g.tensors[pro["out"]].dtype
+    rnd = f"a = {round_to(dt, 'a')}" if dt != torch.float32 else ""
+    return x, RowNorm(w, float(pro["eps"]), rnd)
+
+
 @lowering(MATMUL)
 def lower_matmul(ctx: Context, group: Group) -> Launch:
     g = ctx.graph
+    pro = group.info.get("prologue")
+    group = without_prologue(group)
     op = g.ops[group.ops[0]]
     node = op.node
     tgt = node.target
@@ -174,6 +192,9 @@ def lower_matmul(ctx: Context, group: Group) -> Launch:
     tshape = g.tensors[t].shape
     if out.shape != tshape:
         out = out.reshape(tshape)
+    if pro is not None:
+        a_op, rn = _prologue(ctx, pro, a)
+        return Launch.of(group.name, "gemm", gemm(a_op, ctx.operand(b), out, ep, prologue=rn))
     return Launch.of(group.name, "gemm", gemm(ctx.operand(a), ctx.operand(b), out, ep))
 
 

@@ -347,13 +347,15 @@ def region_outputs(g: "TensorGraph", ops: Iterable[str]) -> list[str]:
 # the pass
 # ---------------------------------------------------------------------------
 
-def fuse_graph(g: TensorGraph) -> None:
-    """Group ``g``'s ops into kernels and order the kernels (the graph records both)."""
-    groups = fuse(g)
+def fuse_graph(g: TensorGraph, prologues: bool = False) -> None:
+    """Group ``g``'s ops into kernels and order the kernels (the graph records both).
+
+    ``prologues``: fold a row norm into the decode GEMM that consumes it (:func:`merge_prologues`)."""
+    groups = fuse(g, prologues=prologues)
     g.set_kernels(groups, schedule(g, groups))
 
 
-def fuse(g: "TensorGraph") -> dict[str, Group]:
+def fuse(g: "TensorGraph", prologues: bool = False) -> dict[str, Group]:
     """Group ``g``'s ops into kernels; sets ``op.kernel`` and returns the groups by name."""
     groups: dict[str, Group] = {}
     claimed: set[str] = set()
@@ -385,6 +387,8 @@ def fuse(g: "TensorGraph") -> dict[str, Group]:
             claim(single(op))
 
     _merge_epilogues(g, groups)
+    if prologues:
+        merge_prologues(g, groups)
     _break_cycles(g, groups)
     return groups
 
@@ -425,6 +429,89 @@ def _merge_epilogues(g: "TensorGraph", groups: dict[str, Group]) -> None:
         groups[merged.name] = merged
         for o in merged.ops:
             owner[o] = merged.name
+
+
+# ---------------------------------------------------------------------------
+# prologue fusion: a row norm computed inside the decode GEMM that reads it
+# ---------------------------------------------------------------------------
+
+PROLOGUE_MAX_M = 16      # GEMM rows up to which each program recomputes the row statistics (decode)
+_PROLOGUE_NORMS = (RMSNORM,)
+_PROLOGUE_GEMMS = {aten.mm.default: 0, aten.addmm.default: 1}      # product op -> position of A
+
+
+def prologue_target(g: "TensorGraph", groups: dict[str, Group], norm: Group
+                    ) -> tuple[Group | None, list[str], str]:
+    """(the GEMM group that can compute ``norm`` in its prologue, the movement ops between them, why not).
+
+    Allowed when the norm's output is read by nothing but one row-preserving chain of reshapes
+    ending in the A operand [M, K] of an ``mm`` / ``addmm`` group with K the normalised dim and
+    M <= :data:`PROLOGUE_MAX_M`: the norm is then not recomputed anywhere else, and its output
+    never exists in memory.  Otherwise the reason is returned and the groups stay separate.
+    """
+    if norm.kind not in _PROLOGUE_NORMS:
+        return None, [], f"no prologue for {norm.kind} kernels"
+    C = g.tensors[norm.info["x"]].shape[-1]
+    owner = {o: gr.name for gr in groups.values() for o in gr.ops}
+    t, chain = norm.info["out"], []
+    while True:
+        info = g.tensors[t]
+        if info.is_output or t in g.mutations:
+            return None, [], f"the norm output {t} is a graph output (it must exist in memory)"
+        if len(info.consumers) != 1:
+            return None, [], f"the norm output {t} has {len(info.consumers)} consumers (they need it in memory)"
+        c = g.ops[info.consumers[0]]
+        if c.kind == "compute":
+            break
+        if not is_pure_movement(g, c) or c.name in owner or len(c.outputs) != 1 or \
+                c.movement_op is None or c.movement_op.name not in ("reshape", "identity"):
+            return None, [], f"the GEMM reads the norm output through {c.name} " \
+                f"({c.movement_op.name if c.movement_op else c.kind}), not a row-preserving reshape"
+        chain.append(c.name)
+        t = c.outputs[0]
+    gr = groups.get(owner.get(c.name, ""))
+    pos = _PROLOGUE_GEMMS.get(c.node.target) if c.node is not None else None
+    if gr is None or gr.kind != MATMUL or pos is None or gr.ops[0] != c.name or "prologue" in gr.info:
+        return None, [], f"the norm output is read by {c.name} ({c.target_name}), not a GEMM's A operand"
+    if c.inputs[pos] != t or t in c.inputs[pos + 1:]:
+        return None, [], f"the norm output is not (only) {c.name}'s A operand"
+    M, K = g.tensors[t].shape[-2:] if len(g.tensors[t].shape) == 2 else (None, None)
+    if K != C:
+        return None, [], f"the GEMM's A {g.tensors[t].shape} does not read the normalised rows along K"
+    if M > PROLOGUE_MAX_M:
+        return None, [], f"M = {M} > {PROLOGUE_MAX_M}: recomputing the statistics per program would not pay"
+    return gr, chain, ""
+
+
+def merge_prologues(g: "TensorGraph", groups: dict[str, Group]) -> dict[str, str]:
+    """Fold each row norm into the GEMM group that reads it, where :func:`prologue_target` allows.
+
+    The merged group is a ``matmul`` group (named as the GEMM group) whose ``info["prologue"]``
+    holds the norm's parameters and ops; returns why each norm that was not folded stays apart."""
+    refused: dict[str, str] = {}
+    order = {o: k for k, o in enumerate(g.ops)}
+    for norm in [gr for gr in groups.values() if gr.kind in (RMSNORM, LAYERNORM)]:
+        gemm, chain, why = prologue_target(g, groups, norm)
+        if gemm is None:
+            refused[norm.name] = why
+            continue
+        a = g.ops[gemm.ops[0]].inputs[_PROLOGUE_GEMMS[g.ops[gemm.ops[0]].node.target]]
+        pro = {"kind": norm.kind, **norm.info, "a": a, "ops": list(norm.ops) + chain, "product": gemm.ops[0]}
+        ops = sorted(norm.ops + chain + gemm.ops, key=order.__getitem__)
+        del groups[norm.name]
+        groups[gemm.name] = Group(gemm.name, MATMUL, ops, {**gemm.info, "prologue": pro})
+    return refused
+
+
+def without_prologue(group: Group) -> Group:
+    """The GEMM (+ epilogue) part of a group with a fused prologue: its product op first, as unfused."""
+    pro = group.info.get("prologue")
+    if pro is None:
+        return group
+    ops = [o for o in group.ops if o not in pro["ops"]]
+    k = ops.index(pro["product"])
+    return Group(group.name, group.kind, [ops[k]] + ops[:k] + ops[k + 1:],
+                 {k2: v for k2, v in group.info.items() if k2 != "prologue"})
 
 
 def _quotient(g: "TensorGraph", groups: dict[str, Group]) -> tuple[nx.DiGraph, dict[str, str]]:
