@@ -115,6 +115,20 @@ def geometry(graph: Any, kernel: str) -> Geometry:
     return Geometry(ck, out[0] * math.prod(out[2:]), w[0] // groups, math.prod(w[1:]), groups)
 
 
+def prologue_cost(graph: Any, kernel: str, geo: Geometry) -> tuple[float, int]:
+    """(L2 bytes per program, extra K steps) of a fused row-norm prologue
+    (:func:`vtcsearch.core.fusion.merge_prologues`): each program reads its A rows over the whole K once more
+    for the statistics, plus the norm weight; (0, 0) for a group without one."""
+    group = graph.groups.get(kernel) if graph is not None else None
+    pro = group.info.get("prologue") if group is not None else None
+    if pro is None or not geo.m:
+        return 0.0, 0
+    x = graph.tensors[pro["x"]]
+    w = graph.tensors[pro["weight"]].itemsize if pro.get("weight") else 0
+    bm = 16 if geo.m <= 16 else 32 if geo.m <= 64 else 64
+    return float(min(bm, geo.m) * geo.k * x.itemsize + geo.k * w), geo.k_steps()
+
+
 class AnalyticalOracle(CostOracle):
     """Roofline latency from a :class:`~cost_models.hardware.Hardware` profile (no GPU needed)."""
 
@@ -196,10 +210,13 @@ class AnalyticalOracle(CostOracle):
             if through_maps:
                 peak *= hw.eff("triton", "maps")
             pieces = any(len(o.map.pieces) > 1 for o in spec.operands if o.role == "r")
-        t_mem, t_comp, t_serial, body = self._body(geo, "triton", dram, l2, spec.flops, peak, t_idx)
+        pro_l2, pro_steps = prologue_cost(spec.graph, spec.unit.kernel, geo) if geo.kind == "matmul" else (0.0, 0)
+        t_mem, t_comp, t_serial, body = self._body(geo, "triton", dram, l2 + pro_l2 * geo.programs("triton"),
+                                                   spec.flops, peak, t_idx,
+                                                   k_steps=geo.k_steps() + pro_steps if pro_steps else None)
         split = 1
         if self.split_k and geo.kind == "matmul" and geo.m:
-            for cfg, t in self._split_k(geo, dram, l2, spec.flops, peak, t_idx):
+            for cfg, t in self._split_k(geo, dram, l2, spec.flops, peak, t_idx, pro_l2, pro_steps):
                 if t < body:
                     split, body = cfg["SPLIT"], t
         if pieces:   # piece predicates inside the K loop: the whole kernel slows, not just its FLOPs
@@ -207,15 +224,18 @@ class AnalyticalOracle(CostOracle):
         seconds = body + hw.launch_s
         detail: dict[str, Any] = {"t_mem": t_mem, "t_compute": t_comp, "t_serial": t_serial, "dram_bytes": dram,
                                   "l2_bytes": l2, "through_maps": through_maps, "pieces": pieces, "split_k": split,
+                                  "prologue_l2_bytes": pro_l2 * geo.programs("triton") if pro_l2 else 0.0,
                                   "min_run_bytes": min([x for x in (read.min_run_bytes, write.min_run_bytes) if x],
                                                        default=0)}
         return UnitCost(seconds, bytes=read.bytes + write.bytes, flops=spec.flops, detail=detail)
 
-    def _split_k(self, geo: Geometry, dram: float, l2: float, flops: float, peak: float, t_extra: float
-                 ) -> list[tuple[dict, float]]:
+    def _split_k(self, geo: Geometry, dram: float, l2: float, flops: float, peak: float, t_extra: float,
+                 pro_l2: float = 0.0, pro_steps: int = 0) -> list[tuple[dict, float]]:
         """(config, seconds without the launch) of each split-K configuration the GEMM autotuner would time:
         the partial kernel over ``SPLIT`` times the tiles with a ``SPLIT`` times shorter K loop, writing
-        the fp32 partials, then the reduce reading them back, with its own launch."""
+        the fp32 partials, then the reduce reading them back, with its own launch (``pro_l2`` / ``pro_steps``:
+        a fused prologue's bytes per program and K steps, :func:`prologue_cost`: every split recomputes
+        the whole rows' statistics)."""
         hw = self.hw
         out = []
         for cfg in split_configs(geo.m, geo.n, geo.k, geo.batch, hw.sm_count):
@@ -223,7 +243,10 @@ class AnalyticalOracle(CostOracle):
             programs = geo.batch * -(-geo.m // bm) * -(-geo.n // bn) * s
             steps = -(-(-(-geo.k // s)) // bk)
             ws = 4.0 * s * geo.batch * geo.m * geo.n          # fp32 partials: written once, read once
-            body = self._body(geo, "triton", dram + ws, l2, flops, peak, t_extra, programs, steps)[3]
+            if pro_steps:
+                steps += -(-geo.k // bk)
+            body = self._body(geo, "triton", dram + ws, l2 + pro_l2 * programs, flops, peak, t_extra, programs,
+                              steps)[3]
             out.append((cfg, body + self._t_dram(ws) + hw.launch_s))
         return out
 
