@@ -248,3 +248,29 @@ def test_llama3_8b_decode_layer_prologue_numerics_gpu(batch):
     unfused, _ = _compiled(w, False)
     torch.testing.assert_close(fused, ref, rtol=2e-2, atol=3e-2)
     torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=3e-2)
+
+
+# ---------------------------------------------------------------------------
+# the runner's config key
+# ---------------------------------------------------------------------------
+
+def test_config_key_prologues_reaches_the_runner(tmp_path):
+    """``prologues: true`` in a config fuses the norm in the runner's graph (one kernel fewer) and its CPU
+    numerics copy still equals eager."""
+    from vtcsearch.config import ConfigError, config_from_dict
+    from vtcsearch.run import Log, run_config
+    base = {"workload": {"name": "llama3", "size": "tiny", "params": {"part": "layer", "phase": "decode"}},
+            "batch_sizes": [2], "dtype": "float32", "solvers": ["none"], "oracle": "analytical",
+            "hardware": "H200", "objective": "latency", "baselines": [], "output": str(tmp_path),
+            "numerics": {"enabled": True, "size": "tiny", "batch": 2}, "draw": "none"}
+    with pytest.raises(ConfigError):
+        config_from_dict({**base, "prologues": "yes please"})
+    kernels = {}
+    for pro in (False, True):
+        cfg = config_from_dict({**base, "prologues": pro})
+        assert cfg.prologues is pro
+        s = run_config(cfg, device="cpu", out=tmp_path / str(pro), log=Log(quiet=True))
+        case = s["cases"][0]
+        kernels[pro] = case["graph"]["kernels"]
+        assert s["numerics"] and all(n["ok"] and not n["fallbacks"] for n in s["numerics"]), s["numerics"]
+    assert kernels[True] == kernels[False] - 1

@@ -98,6 +98,8 @@ class Config:
     breakdown: BreakdownConfig = field(default_factory=BreakdownConfig)
     draw: Literal["best", "all", "none"] = "best"       # points-to pictures: best solver per case, every solver, none
     seed: int = 0
+    # fold a row norm into the decode GEMM that reads it (vtcsearch.core.fusion.merge_prologues)
+    prologues: bool = False
     path: str | None = field(default=None, metadata={"internal": True})   # set by load_config
 
     def to_dict(self) -> dict[str, Any]:

@@ -276,6 +276,7 @@ class NumericsCopy:
         import torch
         from experiments.workloads import build_workload
         from vtcsearch.core.capture import capture
+        from vtcsearch.core.fusion import fuse_graph
         from vtcsearch.core.vtog import build_vtog
         self.ctx, self.size, self.batch, self.dtype = ctx, size, batch, dtype
         if workload is None:
@@ -284,6 +285,8 @@ class NumericsCopy:
                                       **params)
             with quiet_warnings():
                 graph = capture(workload.model, workload.example_inputs)
+            if ctx.cfg.prologues:
+                fuse_graph(graph, prologues=True)
             vtog = build_vtog(graph)
         self.w, self.graph, self.vtog = workload, graph, vtog
         self.saved = {n: b.clone() for n, b in self.w.model.named_buffers()}
@@ -408,6 +411,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     from experiments.baselines import model_bytes
     from experiments.workloads import build_workload
     from vtcsearch.core.capture import capture
+    from vtcsearch.core.fusion import fuse_graph
     from vtcsearch.core.vtog import build_vtog
 
     cfg, log = ctx.cfg, ctx.log
@@ -428,6 +432,8 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     t0 = time.perf_counter()
     with quiet_warnings():
         graph = capture(w.model, w.example_inputs)      # torch.export on fake tensors, then fusion
+    if cfg.prologues:
+        fuse_graph(graph, prologues=True)
     t_capture = time.perf_counter() - t0
     ctx.stage = "VTOG construction"
     t0 = time.perf_counter()
