@@ -274,3 +274,21 @@ def test_config_key_prologues_reaches_the_runner(tmp_path):
         kernels[pro] = case["graph"]["kernels"]
         assert s["numerics"] and all(n["ok"] and not n["fallbacks"] for n in s["numerics"]), s["numerics"]
     assert kernels[True] == kernels[False] - 1
+
+
+def test_auto_keeps_the_fusion_the_oracle_prices_lower():
+    """``prologues="auto"`` searches both fusions and keeps the cheaper; bad values are refused."""
+    from cost_models import AnalyticalOracle
+    from solvers import get_solver
+    from vtcsearch.api import search_fusions
+    for batch in (1, 16):
+        w = _llama(batch=batch, device="meta", size="full")
+        search, oracle = get_solver("ilp"), AnalyticalOracle("H200")
+        res = {p: search_fusions(w.model, w.example_inputs, search, oracle, prologues=p, budget=10)
+               for p in (False, True, "auto")}
+        objs = {p: r[2].objective for p, r in res.items()}
+        assert objs["auto"] == min(objs[False], objs[True])
+        fused = any("prologue" in gr.info for gr in res["auto"][0].groups.values())
+        assert fused == (objs[True] < objs[False])
+    with pytest.raises(ValueError, match="prologues must be"):
+        search_fusions(w.model, w.example_inputs, search, oracle, prologues="yes")

@@ -33,11 +33,11 @@ parameters, buffers and their mutations are first-class.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
-__all__ = ["Compiled", "compile"]
+__all__ = ["Compiled", "compile", "search_fusions"]
 
 
 def _device_of(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.device:
@@ -122,10 +122,37 @@ class Compiled:
                f"{len(self.strategy.virtual)} virtual tensors>"
 
 
+def search_fusions(model: torch.nn.Module, example_inputs: Sequence[Any], search: Callable[..., Any], oracle: Any,
+                   *, prologues: bool | str = False, budget: float | None = None, seed: int = 0
+                   ) -> tuple[Any, Any, Any]:
+    """(graph, VTOG, search result) of ``model``: captured, fused with or without prologue fusion, searched.
+
+    ``prologues="auto"`` searches both fusions (when prologue fusion changes anything) and keeps the one
+    whose best strategy has the lower objective: the search sees the fused GEMM as an option, priced by
+    the oracle (on a GPU, the profiling oracle times it as realized)."""
+    from .core.capture import capture
+    from .core.fusion import fuse_graph
+    from .core.vtog import build_vtog
+    if prologues not in (False, True, "auto"):
+        raise ValueError(f"prologues must be True, False or 'auto', got {prologues!r}")
+    best = None
+    for pro in ((False, True) if prologues == "auto" else (bool(prologues),)):
+        graph = capture(model, example_inputs)
+        if pro:
+            fuse_graph(graph, prologues=True)
+            if best is not None and not any("prologue" in gr.info for gr in graph.groups.values()):
+                break                      # nothing to fold: the default fusion is the only candidate
+        vtog = build_vtog(graph)
+        result = search(vtog, oracle, budget=budget, seed=seed)
+        if best is None or result.objective < best[2].objective:
+            best = (graph, vtog, result)
+    return best
+
+
 def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: str = "ilp",
             oracle: Any = "analytical", hardware: str = "H200", objective: Any = "latency",
             cuda_graph: bool = False, budget: float | None = None, seed: int = 0,
-            implementations: Sequence[str] | None = None, prologues: bool = False) -> Compiled:
+            implementations: Sequence[str] | None = None, prologues: bool | str = False) -> Compiled:
     """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
 
     ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
@@ -135,7 +162,8 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper;
     adding ``"inductor"`` lets it hand groups to TorchInductor, merged into one compiled region
     wherever no virtual tensor separates them); ``prologues``: fold a row norm into the decode GEMM
-    that reads it (:func:`vtcsearch.core.fusion.merge_prologues`).
+    that reads it (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search the graph both
+    ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`).
     Returns a :class:`Compiled` callable.
     """
     import warnings
@@ -168,20 +196,14 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
 
     from solvers import get_solver
 
-    from .core.capture import capture
     from .codegen.realize import realize
-    from .core.vtog import build_vtog
 
     search = get_solver(solver)
     model.eval()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graph = capture(model, example_inputs)
-        if prologues:
-            from .core.fusion import fuse_graph
-            fuse_graph(graph, prologues=True)
-        vtog = build_vtog(graph)
-        result = search(vtog, oracle, budget=budget, seed=seed)
+        graph, vtog, result = search_fusions(model, example_inputs, search, oracle, prologues=prologues,
+                                             budget=budget, seed=seed)
         result.strategy.validate()
         exe = realize(graph, result.strategy, model)
     return Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)
