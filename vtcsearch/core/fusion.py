@@ -22,6 +22,11 @@ run, found in this order:
 anything else
     alone (``reduction``, ``other``).
 
+With ``prologues=True`` (off by default) a row norm then joins the decode GEMM that
+reads it (:func:`merge_prologues`): a ``matmul`` group whose ``info["prologue"]``
+holds the norm; the GEMM template recomputes each row's statistic and normalises
+its A tiles while loading them, so the norm's output never exists in memory.
+
 Movement ops inside a group are *absorbed*: the kernel does their index
 arithmetic, so they are not VTOG opportunities and never copy.  Only a movement
 op whose every producer and consumer is in the same group is absorbed, so the
