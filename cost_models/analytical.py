@@ -124,9 +124,10 @@ def prologue_cost(graph: Any, kernel: str, geo: Geometry) -> tuple[float, int]:
     if pro is None or not geo.m:
         return 0.0, 0
     x = graph.tensors[pro["x"]]
-    w = graph.tensors[pro["weight"]].itemsize if pro.get("weight") else 0
+    w = sum(graph.tensors[pro[k]].itemsize for k in ("weight", "bias") if pro.get(k))
     bm = 16 if geo.m <= 16 else 32 if geo.m <= 64 else 64
-    return float(min(bm, geo.m) * geo.k * x.itemsize + geo.k * w), geo.k_steps()
+    passes = 2 if pro["kind"] == "layernorm" else 1       # LayerNorm: the mean, then the centred variance
+    return float(passes * min(bm, geo.m) * geo.k * x.itemsize + geo.k * w), passes * geo.k_steps()
 
 
 class AnalyticalOracle(CostOracle):
@@ -244,7 +245,7 @@ class AnalyticalOracle(CostOracle):
             steps = -(-(-(-geo.k // s)) // bk)
             ws = 4.0 * s * geo.batch * geo.m * geo.n          # fp32 partials: written once, read once
             if pro_steps:
-                steps += -(-geo.k // bk)
+                steps += pro_steps // max(1, geo.k_steps()) * -(-geo.k // bk)
             body = self._body(geo, "triton", dram + ws, l2 + pro_l2 * programs, flops, peak, t_extra, programs,
                               steps)[3]
             out.append((cfg, body + self._t_dram(ws) + hw.launch_s))

@@ -112,17 +112,32 @@ def test_refused_when_the_maps_do_not_allow_it(form, reason):
     assert not any("prologue" in gr.info for gr in groups.values())
 
 
-def test_refused_for_layernorm():
-    class LN(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.ln = nn.LayerNorm(32)
-            self.fc = nn.Linear(32, 16, bias=False)
+class LN(nn.Module):
+    """``Linear(LayerNorm(x))``: an ``addmm`` (A second) with a bias, or an ``mm``; 2-d or 3-d input."""
 
-        def forward(self, x):
-            return self.fc(self.ln(x))
-    _, _, refused = _groups(LN().eval(), torch.randn(4, 32))
-    assert any("no prologue for layernorm" in why for why in refused.values()), refused
+    def __init__(self, bias: bool = True):
+        super().__init__()
+        self.ln = nn.LayerNorm(32)
+        self.fc = nn.Linear(32, 16, bias=bias)
+        with torch.no_grad():
+            self.ln.weight.normal_(1.0, 0.3)
+            self.ln.bias.normal_(0.0, 0.3)
+
+    def forward(self, x):
+        return self.fc(self.ln(x))
+
+
+@pytest.mark.parametrize("bias,shape", [(True, (4, 32)), (False, (2, 3, 32))])
+def test_layernorm_prologue_taken_and_equals_eager(bias, shape):
+    """The same mechanism for LayerNorm (two statistics passes, then (a - mean) * rstd * w + b per tile)."""
+    import vtcsearch
+    torch.manual_seed(0)
+    m, x = LN(bias).eval(), torch.randn(*shape) * 2 + 1
+    _, groups, refused = _groups(m, x)
+    assert not refused and any(gr.info.get("prologue", {}).get("kind") == "layernorm" for gr in groups.values())
+    c = vtcsearch.compile(m, (x,), solver="none", prologues=True)
+    assert not any(st.lowering in ("layernorm", "aten") for st in c.executable.steps)
+    torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
 
 
 def test_taken_on_a_small_module():
@@ -135,19 +150,24 @@ def test_taken_on_a_small_module():
 # the kernel
 # ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("M,K,N,split", [(3, 64, 40, None), (5, 100, 24, None), (20, 96, 16, None),
                                          (4, 256, 32, 2)])
-def test_gemm_row_norm_prologue_equals_torch(M, K, N, split):
+def test_gemm_row_norm_prologue_equals_torch(M, K, N, split, kind):
     """Ragged K, two row tiles, split-K (every split recomputes the whole rows' statistics)."""
     from vtcsearch.codegen.interpreter import ensure_interpreter
     ensure_interpreter()
     from vtcsearch.codegen.kernels import Operand, RowNorm, gemm
     torch.manual_seed(0)
-    x, w, B = torch.randn(M, K) * 3, torch.randn(K), torch.randn(K, N)
+    x, w, b, B = torch.randn(M, K) * 3 + 1, torch.randn(K), torch.randn(K), torch.randn(K, N)
     out = torch.empty(M, N)
-    gemm(Operand.dense(x, "x"), Operand.dense(B, "b"), Operand.dense(out, "o"),
-         prologue=RowNorm(Operand.dense(w, "w"), 1e-5), split_k=split)
-    torch.testing.assert_close(out, _norm(x, w) @ B, rtol=1e-5, atol=1e-5)
+    if kind == "rmsnorm":
+        pro, ref = RowNorm(Operand.dense(w, "w"), 1e-5), _norm(x, w) @ B
+    else:
+        pro = RowNorm(Operand.dense(w, "w"), 1e-5, kind="layernorm", bias=Operand.dense(b, "nb"))
+        ref = nn.functional.layer_norm(x, (K,), w, b, 1e-5) @ B
+    gemm(Operand.dense(x, "x"), Operand.dense(B, "b"), Operand.dense(out, "o"), prologue=pro, split_k=split)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=2e-5)
 
 
 # ---------------------------------------------------------------------------

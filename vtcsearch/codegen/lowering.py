@@ -155,7 +155,7 @@ def _prologue(ctx: Context, pro: dict, a: str) -> tuple[Operand, RowNorm]:
     """A fused row norm (:func:`vtcsearch.core.fusion.merge_prologues`): the GEMM reads the norm's input
     as A (its rows reshaped to A's [M, K]) and normalises each tile as the unfused kernel stores it."""
     g = ctx.graph
-    if pro["kind"] != RMSNORM:
+    if pro["kind"] not in (RMSNORM, LAYERNORM):
         raise Unsupported(f"no GEMM prologue for {pro['kind']}")
     x = ctx.operand(pro["x"])
     shape = g.tensors[a].shape
@@ -163,7 +163,8 @@ def _prologue(ctx: Context, pro: dict, a: str) -> tuple[Operand, RowNorm]:
     w = ctx.operand(pro["weight"]) if pro["weight"] is not None else None
     dt = g.tensors[pro["out"]].dtype
     rnd = f"a = {round_to(dt, 'a')}" if dt != torch.float32 else ""
-    return x, RowNorm(w, float(pro["eps"]), rnd)
+    b = ctx.operand(pro["bias"]) if pro.get("bias") is not None else None
+    return x, RowNorm(w, float(pro["eps"]), rnd, kind=pro["kind"], bias=b)
 
 
 @lowering(MATMUL)

@@ -441,7 +441,7 @@ def _merge_epilogues(g: "TensorGraph", groups: dict[str, Group]) -> None:
 # ---------------------------------------------------------------------------
 
 PROLOGUE_MAX_M = 16      # GEMM rows up to which each program recomputes the row statistics (decode)
-_PROLOGUE_NORMS = (RMSNORM,)
+_PROLOGUE_NORMS = (RMSNORM, LAYERNORM)
 _PROLOGUE_GEMMS = {aten.mm.default: 0, aten.addmm.default: 1}      # product op -> position of A
 
 

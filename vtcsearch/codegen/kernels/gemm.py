@@ -87,20 +87,24 @@ class Epilogue:
 class RowNorm:
     """A row-wise normalisation of ``a`` computed inside the GEMM (prologue fusion, decode GEMMs).
 
-    Each program first sums ``a[m, :]**2`` over the whole K (fp32, one extra pass over its
-    A rows, cheap when M is small), then every A tile is loaded as
-    ``round(a * rstd[m] * weight[k])`` with ``rstd = rsqrt(mean(a^2) + eps)``: what the unfused
-    RMSNorm kernel stores, so the product reads the same values.  ``round``: a line of code
-    that sets ``a`` to its value as the unfused norm stored it (its output dtype; empty: fp32).
+    ``rmsnorm``: each program first sums ``a[m, :]**2`` over the whole K (fp32, one extra pass
+    over its A rows, cheap when M is small), then every A tile is loaded as
+    ``round(a * rstd[m] * weight[k])`` with ``rstd = rsqrt(mean(a^2) + eps)``.  ``layernorm``:
+    two passes (the mean, then the centred variance, as the LayerNorm template), then
+    ``round((a - mean[m]) * rstd[m] * weight[k] + bias[k])``.  Either is what the unfused norm
+    kernel stores, so the product reads the same values.  ``round``: a line of code that sets
+    ``a`` to its value as the unfused norm stored it (its output dtype; empty: fp32).
     """
 
     weight: Operand | None = None     # [K], or None (1)
     eps: float = 1e-6
     round: str = ""
-    kind: str = "rmsnorm"
+    kind: str = "rmsnorm"             # "rmsnorm" | "layernorm"
+    bias: Operand | None = None       # layernorm: [K], or None (0)
 
     def signature(self) -> str:
-        return repr((self.kind, self.weight.signature() if self.weight is not None else None, self.eps, self.round))
+        return repr((self.kind, self.weight.signature() if self.weight is not None else None, self.eps, self.round,
+                     self.bias.signature() if self.bias is not None else None))
 
 
 _TEMPLATE = """
@@ -272,20 +276,32 @@ def _row_norm(pro: RowNorm | None, ios: dict, bidx: list[str], ablk: list, M: in
     mk = f"(rk[None, :] < {K})" if K % BK else None
     stats = ios["a"].load("a", bidx + ["rm[:, None]", "rk[None, :]"], shape="(BM, BK)", mask=join(mrow, mk),
                           block=ablk, dtype="tl.float32")
-    lines = ["# prologue: each row's statistic, one pass over K in fp32",
-             "ss = tl.zeros((BM,), dtype=tl.float32)", f"for k0 in range(0, {K}, BK):",
-             "    rk = k0 + tl.arange(0, BK)"] + ["    " + ln for ln in stats] + \
-        ["    ss += tl.sum(a * a, 1)", f"rstd = tl.rsqrt(ss / {K} + {float(pro.eps)!r})"]
-    apply = []
-    if pro.weight is not None:
-        if tuple(pro.weight.shape) != (K,):
-            raise ValueError(f"a row-norm prologue's weight must be [K] = [{K}], got {tuple(pro.weight.shape)}")
-        ios["nw"] = IO(pro.weight, "nw")
-        apply += ios["nw"].load("nw", ["rk"], shape="(BK,)", mask=f"(rk < {K})" if mk_a else None,
-                                dtype="tl.float32")
-        apply.append("a = a * rstd[:, None] * nw[None, :]")
+    loop = [f"for k0 in range(0, {K}, BK):", "    rk = k0 + tl.arange(0, BK)"] + ["    " + ln for ln in stats]
+    eps = float(pro.eps)
+    if pro.kind == "rmsnorm":
+        lines = ["# prologue: each row's statistic, one pass over K in fp32",
+                 "ss = tl.zeros((BM,), dtype=tl.float32)"] + loop + \
+            ["    ss += tl.sum(a * a, 1)", f"rstd = tl.rsqrt(ss / {K} + {eps!r})"]
     else:
-        apply.append("a = a * rstd[:, None]")
+        centred = ["    a = a - mean[:, None]"] + ([f"    a = tl.where(rk[None, :] < {K}, a, 0.0)"] if mk else [])
+        lines = ["# prologue: each row's mean, then its centred variance, over K in fp32",
+                 "s1 = tl.zeros((BM,), dtype=tl.float32)"] + loop + ["    s1 += tl.sum(a, 1)",
+                                                                      f"mean = s1 / {K}",
+                                                                      "s2 = tl.zeros((BM,), dtype=tl.float32)"] + \
+            loop + centred + ["    s2 += tl.sum(a * a, 1)", f"rstd = tl.rsqrt(s2 / {K} + {eps!r})"]
+    apply = ["a = a - mean[:, None]"] if pro.kind == "layernorm" else []
+    kmask = f"(rk < {K})" if mk_a else None
+    for name, op in (("nw", pro.weight), ("nb", pro.bias if pro.kind == "layernorm" else None)):
+        if op is None:
+            continue
+        if tuple(op.shape) != (K,):
+            raise ValueError(f"a row-norm prologue's {name} must be [K] = [{K}], got {tuple(op.shape)}")
+        ios[name] = IO(op, name)
+        apply += ios[name].load(name, ["rk"], shape="(BK,)", mask=kmask, dtype="tl.float32")
+    apply.append("a = a * rstd[:, None]" + (" * nw[None, :]" if "nw" in ios else "")
+                 + (" + nb[None, :]" if "nb" in ios else ""))
+    if pro.kind == "layernorm" and mk_a:        # K lanes past the end: 0, as the unnormalised load
+        apply.append(f"a = tl.where(rk[None, :] < {K}, a, 0.0)")
     if pro.round:
         apply.append(pro.round)
     if dot_dt != "tl.float32":
@@ -306,7 +322,7 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
     ``prologue``: normalise ``a``'s rows while loading them, see :class:`RowNorm`)."""
     ep = epilogue or Epilogue()
     pro = prologue
-    if pro is not None and pro.kind != "rmsnorm":
+    if pro is not None and pro.kind not in ("rmsnorm", "layernorm"):
         raise ValueError(f"unknown GEMM prologue {pro.kind!r}")
     if a.ndim not in (2, 3) or b.ndim not in (2, 3) or out.ndim not in (2, 3):
         raise ValueError("gemm takes 2-d or 3-d operands")
@@ -420,8 +436,9 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
             epi += [index_codes(line, oidx) for line in ep.lines]
             epi.append(f"y = ({index_codes(ep.expr, oidx)}) + tl.zeros((BM, BN), tl.float32)")
         store = ios["out"].store("y", oidx, mask=omask, block=oblk)
-        if "nw" in ios:      # the prologue's weight is the last kernel argument
-            ios["nw"] = ios.pop("nw")
+        for k in ("nw", "nb"):      # the prologue's weight and bias are the last kernel arguments
+            if k in ios:
+                ios[k] = ios.pop(k)
         params, prologue = [], []
         for io in ios.values():
             params += io.params()
@@ -461,8 +478,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
     if res is not None:
         extra.append(res)
     extra += extra_ops
-    if pro is not None and pro.weight is not None:
-        extra.append(pro.weight)
+    if pro is not None:
+        extra += [x for x in (pro.weight, pro.bias if pro.kind == "layernorm" else None) if x is not None]
     args = a.kernel_args() + b.kernel_args() + out.kernel_args() + [v for x in extra for v in x.kernel_args()]
 
     def runner(cfg: dict):
