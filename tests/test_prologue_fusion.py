@@ -314,3 +314,19 @@ def test_auto_keeps_the_fusion_the_oracle_prices_lower():
         assert fused == (objs[True] < objs[False])
     with pytest.raises(ValueError, match="prologues must be"):
         search_fusions(w.model, w.example_inputs, search, oracle, prologues="yes")
+
+
+def test_layernorm_prologue_is_priced_as_two_passes():
+    """LayerNorm's prologue reads the A rows twice (mean, then centred variance); RMSNorm's once."""
+    from cost_models.analytical import geometry, prologue_cost
+    torch.manual_seed(0)
+    per_pass = {}
+    for name, m in (("layernorm", LN(False).eval()), ("rmsnorm", NormGemm().eval())):
+        g = capture(m, (torch.randn(4, 32),))
+        fuse_graph(g, prologues=True)
+        k = next(n for n, gr in g.groups.items() if "prologue" in gr.info)
+        geo = geometry(g, k)
+        nbytes, steps = prologue_cost(g, k, geo)
+        per_pass[name] = steps / geo.k_steps()
+        assert nbytes >= per_pass[name] * 4 * 32 * 4
+    assert per_pass == {"layernorm": 2, "rmsnorm": 1}

@@ -22,10 +22,12 @@ run, found in this order:
 anything else
     alone (``reduction``, ``other``).
 
-With ``prologues=True`` (off by default) a row norm then joins the decode GEMM that
-reads it (:func:`merge_prologues`): a ``matmul`` group whose ``info["prologue"]``
-holds the norm; the GEMM template recomputes each row's statistic and normalises
-its A tiles while loading them, so the norm's output never exists in memory.
+With ``prologues=True`` (off by default) a row norm (RMSNorm or LayerNorm) then joins
+the decode GEMM that reads it (:func:`merge_prologues`): a ``matmul`` group whose
+``info["prologue"]`` holds the norm; the GEMM template recomputes each row's statistics
+and normalises its A tiles while loading them, so the norm's output never exists in
+memory.  A norm read by several GEMMs (Llama's gate and up projections) stays apart:
+it is not recomputed per consumer.
 
 Movement ops inside a group are *absorbed*: the kernel does their index
 arithmetic, so they are not VTOG opportunities and never copy.  Only a movement
