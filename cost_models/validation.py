@@ -23,6 +23,7 @@ A candidate found valid becomes the new baseline.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Iterable
 
 from vtcsearch.core.mapping import IndexMap
@@ -66,6 +67,18 @@ class Validity:
         self.full_checks = 0       # baselines built by a whole validation
         self.checks = 0            # incremental checks
         self.storages_checked = 0  # storages whose hazard rule ran, over all checks
+        self.movement = {op.name for op in g.movement_ops()}
+        edges = frozenset(edges)
+        shared = acc.shared.validity if not edges else None    # every accounting of a graph shares it
+        if shared is not None:
+            # the all-physical baseline of this graph, indexed once (copies: commits change them)
+            self._base = acc.strategy(())
+            self.res = dict(shared.res)
+            self.resid = dict(shared.resid)
+            self.tensors_on = {k: set(v) for k, v in shared.tensors_on.items()}
+            self.ops_on = {k: set(v) for k, v in shared.ops_on.items()}
+            self.groups = dict(shared.groups)
+            return
         base = acc.strategy(edges)
         base.validate()
         self.full_checks += 1
@@ -81,7 +94,11 @@ class Validity:
             for s in _copy_targets(rs):
                 self.ops_on.setdefault(s, set()).add(op)
         self.groups = _groups(base._value_classes())
-        self.movement = {op.name for op in g.movement_ops()}
+        if not edges:     # a snapshot for the graph's other accountings (this object's indexes will change)
+            acc.shared.validity = SimpleNamespace(
+                res=dict(self.res), resid=dict(self.resid), groups=dict(self.groups),
+                tensors_on={k: set(v) for k, v in self.tensors_on.items()},
+                ops_on={k: set(v) for k, v in self.ops_on.items()})
 
     @property
     def edges(self) -> frozenset[int]:

@@ -23,6 +23,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from cost_models import AnalyticalOracle
+from cost_models.accounting import clear_shared_memos
 from solvers import get_solver
 from vtcsearch.core.mapping import clear_memos
 
@@ -88,6 +89,7 @@ def machine() -> dict[str, Any]:
 def one(v, capture_s: float, solver: str, decompose: bool) -> dict[str, Any]:
     """One row: ``solver`` on VTOG ``v`` from cold memos."""
     clear_memos()
+    clear_shared_memos()
     oracle = AnalyticalOracle("H200")
     kw: dict[str, Any] = {"decompose": decompose}
     if solver == "ilp":
