@@ -23,11 +23,24 @@ replaced by their first-occurrence index) is equal are solved once; the
 copies take the corresponding options.  ``info["solves"]`` counts the parts
 actually solved, ``info["parts"]`` all of them.
 
+A part's accounting (``sub_vtog`` sets ``parent``) holds only the units its
+options can change, and the parts share the graph's memos, so a part's search
+costs O(part).
+
+Cut points between repeated layers (``decompose="seams"``, :func:`seam_parts`):
+the layers of a decoder are one component because every layer reads the same
+rotary tables (options of every layer point into them, and the cos/sin slices
+are candidates).  The seams couple validity only through hazard-prone storages
+and keep the *hub* tensors (read by every layer) physical; the layers become
+parts, solved once per signature.  Not exact (the hubs are not searched): the
+status is never ``optimal``, the union is validated, a failing seam falls back
+to the whole.
+
 Every searching solver whose module sets ``DECOMPOSABLE`` (greedy, ILP,
 exhaustive) goes through :func:`solve_decomposed` via
 :func:`solvers.get_solver`; its ``DECOMPOSE`` is the default of ``decompose``
-(on for exhaustive; off for greedy and the ILP until a part's search state is
-scoped to the part: today each part's state spans the whole graph).
+(on for exhaustive; off for greedy and the ILP: see their modules for the
+measurements).
 Optuna is solved whole: one study (trials, storage) belongs to one search.
 """
 from __future__ import annotations
