@@ -116,10 +116,13 @@ def one(v, capture_s: float, solver: str, decompose: bool | str) -> dict[str, An
 
 
 def run(models: Sequence[str], out: str = "results/solver_scaling", runs: Sequence[tuple[str, bool]] | None = None,
-        log: Callable[[str], None] = print):
+        log: Callable[[str], None] = print, append: bool = False, command: str | None = None):
     import pandas as pd
     env = machine()
+    env["command"] = command or "python -m experiments.solver_scaling --models " + " ".join(models)
     rows = []
+    if append and os.path.exists(os.path.join(out, "scaling.csv")):   # rows of an earlier run stay, with their date
+        rows = pd.read_csv(os.path.join(out, "scaling.csv")).to_dict("records")
     for name in models:
         clear_memos()
         v, cap = build(name)
@@ -157,8 +160,13 @@ def _fmt(x, f: str = ".1f") -> str:
 def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
     cmd = "python -m experiments.solver_scaling" + ("" if list(models) == list(MODELS) else
                                                      " --models " + " ".join(models))
-    lines = ["# The search at whole-model scale", "",
-             f"`{cmd}` at commit {env['commit']}; {env['date']}.", "",
+    if "command" in df:
+        cmds = [f"`{c}` at commit {m}; {d}." for c, m, d in
+                df[["command", "commit", "date"]].fillna({"command": cmd}).drop_duplicates("command")
+                .itertuples(index=False)]
+    else:
+        cmds = [f"`{cmd}` at commit {env['commit']}; {env['date']}."]
+    lines = ["# The search at whole-model scale", "", *cmds, "",
              f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores (shared); python {env['python']}, "
              f"torch {env['torch']}, ortools {env['ortools']}.  Meta device, analytical oracle (H200 preset), "
              f"CP-SAT on one worker with a {ILP_BUDGET:.0f} s budget; each row from cold memos.", "",
@@ -193,9 +201,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--out", default="results/solver_scaling")
+    ap.add_argument("--runs", nargs="*", default=None,
+                    help="solver:decompose pairs instead of the defaults, e.g. ilp:on greedy:off ilp:seams")
+    ap.add_argument("--append", action="store_true", help="keep the rows already in OUT/scaling.csv")
     a = ap.parse_args(argv)
+    runs = None
+    if a.runs:
+        dec = {"off": False, "on": True, "seams": "seams"}
+        try:
+            runs = [(r.split(":")[0], dec[r.split(":")[1]]) for r in a.runs]
+        except (IndexError, KeyError):
+            ap.error("--runs takes solver:off|on|seams pairs")
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-    run(a.models, a.out)
+    run(a.models, a.out, runs=runs, append=a.append,
+        command=" ".join(["python -m experiments.solver_scaling", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":
