@@ -1,6 +1,6 @@
 """The search at whole-model scale (issue 13): writes ``results/solver_scaling/`` (report.md, scaling.csv).
 
-    python -m experiments.solver_scaling                         # every model, greedy and ILP, decomposition off/on
+    python -m experiments.solver_scaling                         # every model, greedy and ILP, whole and seams
     python -m experiments.solver_scaling --models shufflenet     # some of them
     python -m experiments.solver_scaling --out /tmp/scaling      # elsewhere
 
@@ -160,12 +160,14 @@ def _fmt(x, f: str = ".1f") -> str:
 def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
     cmd = "python -m experiments.solver_scaling" + ("" if list(models) == list(MODELS) else
                                                      " --models " + " ".join(models))
-    if "command" in df:
-        cmds = [f"`{c}` at commit {m}; {d}." for c, m, d in
-                df[["command", "commit", "date"]].fillna({"command": cmd}).drop_duplicates("command")
-                .itertuples(index=False)]
-    else:
-        cmds = [f"`{cmd}` at commit {env['commit']}; {env['date']}."]
+    if "command" not in df:
+        df = df.assign(command=None)
+    for date in df.loc[df["command"].isna(), "date"].unique():   # rows of a run before commands were recorded
+        ms = " ".join(dict.fromkeys(df.loc[df["date"] == date, "model"]))
+        df.loc[df["date"] == date, "command"] = f"python -m experiments.solver_scaling --models {ms}"
+    cmds = [f"`{c}` at commit {m}; {d}." for c, m, d in
+            df[["command", "commit", "date"]].drop_duplicates("command").itertuples(index=False)]
+    models = list(dict.fromkeys(df["model"]))
     lines = ["# The search at whole-model scale", "", *cmds, "",
              f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores (shared); python {env['python']}, "
              f"torch {env['torch']}, ortools {env['ortools']}.  Meta device, analytical oracle (H200 preset), "
