@@ -165,8 +165,9 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
     for date in df.loc[df["command"].isna(), "date"].unique():   # rows of a run before commands were recorded
         ms = " ".join(dict.fromkeys(df.loc[df["date"] == date, "model"]))
         df.loc[df["date"] == date, "command"] = f"python -m experiments.solver_scaling --models {ms}"
-    cmds = [f"`{c}` at commit {m}; {d}." for c, m, d in
-            df[["command", "commit", "date"]].drop_duplicates("command").itertuples(index=False)]
+    runs = df[["command", "commit", "date"]].drop_duplicates("command").reset_index(drop=True)
+    cmds = [f"{k + 1}. `{c}` at commit {m}; {d}." for k, (c, m, d) in enumerate(runs.itertuples(index=False))]
+    run_of = {c: k + 1 for k, c in enumerate(runs["command"])}
     models = list(dict.fromkeys(df["model"]))
     lines = ["# The search at whole-model scale", "", *cmds, "",
              f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores (shared); python {env['python']}, "
@@ -179,9 +180,9 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
              "Decomposed rows sum build and solve over the parts solved; decomp. `seams` = "
              "`decompose=\"seams\"` (parts cut between repeated layers, hub tensors kept physical: not proven "
              "optimal).  search s = the solver alone (total minus capture).", "",
-             "| model | VTOG nodes | options | solver | decomp. | capture s | build s | solve s | search s | total s | target s "
+             "| run | model | VTOG nodes | options | solver | decomp. | capture s | build s | solve s | search s | total s | target s "
              "| status | objective us | bound us | gap | parts/solved |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         tgt = r.get("target_s")
         met = ""
@@ -189,7 +190,7 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
             met = " (met)" if r["total_s"] <= tgt else f" (missed by {r['total_s'] - tgt:.0f} s)"
         parts = "" if r.get("parts") is None or (isinstance(r.get("parts"), float) and math.isnan(r["parts"])) \
             else f"{int(r['parts'])}/{int(r['solves'])}"
-        lines.append(f"| {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
+        lines.append(f"| {run_of[r['command']]} | {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
                      f"{_decomp(r['decompose'])} | {_fmt(r.get('capture_s'))} | {_fmt(r.get('build_s'))} | "
                      f"{_fmt(r.get('solve_s'))} | {_fmt(r.get('search_s'))} | {_fmt(r.get('total_s'))} | {_fmt(tgt, '.0f')}{met} | {r['status']} | "
                      f"{_fmt(r.get('objective_us'), '.2f')} | {_fmt(r.get('bound_us'), '.2f')} | "
