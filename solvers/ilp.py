@@ -70,7 +70,9 @@ from .base import Run, SolveResult, SolverStatus
 
 NAME = "ilp"
 DECOMPOSABLE = True   # can be solved part by part through solvers.decompose (decompose=True) ...
-DECOMPOSE = False     # ... not by default: 3x slower than whole on the 300-node synthetic VTOG (21.9 vs 6.8 s)
+DECOMPOSE = False     # ... not by default: decompose="seams" solves Llama 3 8B decode in 5.7 s (whole: 96 s, and
+                      # 1.6% better), but is slower and 0.2% worse on the 2,000-node synthetic VTOG
+                      # (results/solver_scaling/): pass decompose="seams" for decoders
 PS = 1e12   # latency in integer picoseconds
 
 
