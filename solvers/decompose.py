@@ -34,7 +34,8 @@ are candidates).  The seams couple validity only through hazard-prone storages
 and keep the *hub* tensors (read by every layer) physical; the layers become
 parts, solved once per signature.  Not exact (the hubs are not searched): the
 status is never ``optimal``, the union is validated, a failing seam falls back
-to the whole.
+to the whole.  ``decompose="auto"`` (the ILP's default) cuts at the seams only
+when the parts are mostly repeats (:func:`repeated`), and solves whole otherwise.
 
 Every searching solver whose module sets ``DECOMPOSABLE`` (greedy, ILP,
 exhaustive) goes through :func:`solve_decomposed` via
@@ -195,16 +196,26 @@ def signature(vtog: VTOG, oracle: CostOracle, options: list[int]) -> str:
     return "\n".join(out)
 
 
+def repeated(vtog: VTOG, oracle: CostOracle, ps: list[list[int]]) -> bool:
+    """Whether the seams' parts are mostly repeats (a stack of identical layers: at most half of them distinct),
+    which is where solving each distinct part once pays for leaving the hubs unsearched (``decompose="auto"``)."""
+    return len(ps) >= 4 and 2 * len({signature(vtog, oracle, p) for p in ps}) <= len(ps)
+
+
 def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, budget: Any = None,
                      seed: int = 0, decompose: bool = True, **options: Any) -> SolveResult:
     """``solve`` on each independent part (repeated parts once), combined; whole when that cannot be exact."""
-    if decompose not in (True, False, "seams"):
-        raise ValueError(f"decompose must be True, False or 'seams', not {decompose!r}")
+    if decompose not in (True, False, "seams", "auto"):
+        raise ValueError(f"decompose must be True, False, 'seams' or 'auto', not {decompose!r}")
     if not decompose or oracle.objective.needs_memory:
         return solve(vtog, oracle, budget=budget, seed=seed, **options)
     hubs: list[str] = []
-    if decompose == "seams":
+    if decompose in ("seams", "auto"):
         ps, hubs = seam_parts(vtog, oracle)
+        if decompose == "auto":
+            if not repeated(vtog, oracle, ps):
+                return solve(vtog, oracle, budget=budget, seed=seed, **options)
+            decompose = "seams"
     else:
         ps = parts(vtog, oracle)
     if len(ps) <= 1 and not hubs:

@@ -70,9 +70,10 @@ from .base import Run, SolveResult, SolverStatus
 
 NAME = "ilp"
 DECOMPOSABLE = True   # can be solved part by part through solvers.decompose (decompose=True) ...
-DECOMPOSE = False     # ... not by default: decompose="seams" solves Llama 3 8B decode in 5.7 s (whole: 96 s, and
-                      # 1.6% better), but is slower and 0.2% worse on the 2,000-node synthetic VTOG
-                      # (results/solver_scaling/): pass decompose="seams" for decoders
+DECOMPOSE = "auto"    # ... at the seams between layers when they are mostly repeats: Llama 3 8B decode (65 parts,
+                      # 4 distinct) in 5.7 s instead of 96 s, and 1.6% better; whole elsewhere (the 2,000-node
+                      # synthetic VTOG, 195 parts / 173 distinct, is faster and 0.2% better whole)
+                      # (results/solver_scaling/); decompose=False / "seams" force either
 PS = 1e12   # latency in integer picoseconds
 
 

@@ -79,3 +79,23 @@ def test_seams_cut_between_repeated_layers():
     assert r.objective <= g.objective * (1 + 1e-9)
     with pytest.raises(ValueError):
         get_solver("greedy")(v, oracle, decompose="layers")
+
+
+def test_auto_cuts_at_the_seams_only_for_repeated_layers():
+    """decompose="auto" (the ILP's default): a stack of identical decoder layers is solved at the seams, one
+    solve per distinct layer; a graph without repeats (a random VTOG) is solved whole."""
+    from experiments.workloads import build_workload
+    from solvers.decompose import repeated, seam_parts
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    oracle = AnalyticalOracle("H200")
+    w = build_workload("llama3", size="tiny", part="model", phase="decode", n_layers=6)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    assert repeated(v, oracle, seam_parts(v, oracle)[0])
+    r = get_solver("ilp")(v, oracle, workers=1, budget=20)
+    r.strategy.validate()
+    assert r.info.get("seams") and r.info["solves"] < r.info["parts"]
+    syn = random_vtog(6, seed=0, **SIZES)
+    assert not repeated(syn, oracle, seam_parts(syn, oracle)[0])
+    r = get_solver("ilp")(syn, oracle, workers=1, budget=20)
+    assert "parts" not in r.info and "seams" not in r.info
