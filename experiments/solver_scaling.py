@@ -148,7 +148,7 @@ def run(models: Sequence[str], out: str = "results/solver_scaling", runs: Sequen
 
 
 def _decomp(d) -> str:
-    return "seams" if d == "seams" else ("on" if d in (True, "True") else "off")
+    return d if d in ("seams", "auto") else ("on" if d in (True, "True") else "off")
 
 
 def _fmt(x, f: str = ".1f") -> str:
@@ -205,16 +205,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--out", default="results/solver_scaling")
     ap.add_argument("--runs", nargs="*", default=None,
-                    help="solver:decompose pairs instead of the defaults, e.g. ilp:on greedy:off ilp:seams")
+                    help="solver:decompose pairs instead of the defaults, e.g. ilp:on greedy:off ilp:seams ilp:auto")
     ap.add_argument("--append", action="store_true", help="keep the rows already in OUT/scaling.csv")
     a = ap.parse_args(argv)
     runs = None
     if a.runs:
-        dec = {"off": False, "on": True, "seams": "seams"}
+        dec = {"off": False, "on": True, "seams": "seams", "auto": "auto"}
         try:
             runs = [(r.split(":")[0], dec[r.split(":")[1]]) for r in a.runs]
         except (IndexError, KeyError):
-            ap.error("--runs takes solver:off|on|seams pairs")
+            ap.error("--runs takes solver:off|on|seams|auto pairs")
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
     run(a.models, a.out, runs=runs, append=a.append,
         command=" ".join(["python -m experiments.solver_scaling", *(sys.argv[1:] if argv is None else argv)]))
