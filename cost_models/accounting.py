@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Sequence
@@ -106,6 +107,29 @@ class SharedMemo:
         self.strides = StorageStrides(graph)
         self.write_ok: set[str] = set()          # reprs of maps a kernel may write through
         self.residuals: dict[tuple, tuple[list, list]] = {}
+        self.phys_maps: dict[str, IndexMap] = {}      # tensor -> its identity map (physical)
+        self.validity: Any = None                     # cost_models.validation: the all-physical baseline
+
+
+_SHARED: dict[int, tuple[Any, SharedMemo]] = {}
+
+
+def shared_memo(graph: TensorGraph) -> SharedMemo:
+    """The graph's :class:`SharedMemo` (its answers depend on the graph only: every accounting over it,
+    e.g. each part of a decomposed search, shares one instead of recomputing residual copies)."""
+    hit = _SHARED.get(id(graph))
+    if hit is not None and hit[0]() is graph:
+        return hit[1]
+    for k in [k for k, (ref, _) in _SHARED.items() if ref() is None]:
+        del _SHARED[k]
+    memo = SharedMemo(graph)
+    _SHARED[id(graph)] = (weakref.ref(graph), memo)
+    return memo
+
+
+def clear_shared_memos() -> None:
+    """Forget every graph's shared memo (cold-start measurements)."""
+    _SHARED.clear()
 
 
 class AccountingResolver(Resolver):
@@ -733,7 +757,7 @@ class Accounting:
         self.order = g.order()
         self.n_steps = len(g.ops)
         self.nodes: set[str] = set(vtog.nx.nodes)
-        self.shared = SharedMemo(g)
+        self.shared = shared_memo(g)   # one per graph: the parts of a decomposed search share it
         self.strides = self.shared.strides
         # options, in the order the core resolves their edges (by edge id)
         self.options_of: dict[str, list[int]] = {}
@@ -955,7 +979,9 @@ class Accounting:
         if m is None:
             info = self.graph.tensors[t]
             if tid == PHYS:
-                m = IndexMap.identity(info.shape, info.storage_name)
+                m = self.shared.phys_maps.get(t)
+                if m is None:
+                    m = self.shared.phys_maps[t] = IndexMap.identity(info.shape, info.storage_name)
             else:
                 o, ch = self._trees[tid]
                 sub = dict(zip(self.option_targets[o], ch))

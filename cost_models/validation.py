@@ -23,6 +23,7 @@ A candidate found valid becomes the new baseline.
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Iterable
 
 from vtcsearch.core.mapping import IndexMap
@@ -54,6 +55,37 @@ def _groups(comp: dict[str, int]) -> dict[str, frozenset[str]]:
     return {t: fs for c in by.values() if len(c) > 1 for fs in (frozenset(c),) for t in c}
 
 
+class _Classes(dict):
+    """``Strategy._value_classes`` as the hazard rule reads it (equal ids = one class), built from the chosen
+    value-preserving edges only (union-find): tensors on no such edge are classes of their own."""
+
+    def __missing__(self, t: str):
+        return ("own", t)
+
+
+def _value_classes(s: Strategy) -> tuple[_Classes, dict[str, frozenset[str]]]:
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for es in s.chosen.values():
+        for e in es:
+            if e.value_preserving:
+                a, b = find(e.src), find(e.dst)
+                if a != b:
+                    parent[a] = b
+    comp = _Classes({t: find(t) for t in parent})
+    by: dict[str, set[str]] = {}
+    for t, r in comp.items():
+        by.setdefault(r, set()).add(t)
+    return comp, {t: fs for c in by.values() if len(c) > 1 for fs in (frozenset(c),) for t in c}
+
+
 class Validity:
     """The core's verdict on strategies near a valid baseline, checked on what changed only."""
 
@@ -66,6 +98,18 @@ class Validity:
         self.full_checks = 0       # baselines built by a whole validation
         self.checks = 0            # incremental checks
         self.storages_checked = 0  # storages whose hazard rule ran, over all checks
+        self.movement = {op.name for op in g.movement_ops()}
+        edges = frozenset(edges)
+        shared = acc.shared.validity if not edges else None    # every accounting of a graph shares it
+        if shared is not None:
+            # the all-physical baseline of this graph, indexed once (copies: commits change them)
+            self._base = acc.strategy(())
+            self.res = dict(shared.res)
+            self.resid = dict(shared.resid)
+            self.tensors_on = {k: set(v) for k, v in shared.tensors_on.items()}
+            self.ops_on = {k: set(v) for k, v in shared.ops_on.items()}
+            self.groups = dict(shared.groups)
+            return
         base = acc.strategy(edges)
         base.validate()
         self.full_checks += 1
@@ -81,7 +125,11 @@ class Validity:
             for s in _copy_targets(rs):
                 self.ops_on.setdefault(s, set()).add(op)
         self.groups = _groups(base._value_classes())
-        self.movement = {op.name for op in g.movement_ops()}
+        if not edges:     # a snapshot for the graph's other accountings (this object's indexes will change)
+            acc.shared.validity = SimpleNamespace(
+                res=dict(self.res), resid=dict(self.resid), groups=dict(self.groups),
+                tensors_on={k: set(v) for k, v in self.tensors_on.items()},
+                ops_on={k: set(v) for k, v in self.ops_on.items()})
 
     @property
     def edges(self) -> frozenset[int]:
@@ -133,8 +181,7 @@ class Validity:
                     dst = new_res.get(r.dst_tensor) or self.res[r.dst_tensor]
                     m = IndexMap(r.domain, [d for d, _ in r.pairs], dst.target_shapes)
                     s._check_write(r.dst_tensor, m, strides, f"residual copy of {r.op}")
-            comp = s._value_classes()
-            groups = _groups(comp)
+            comp, groups = _value_classes(s)
             reclassed = {t for t in set(groups) | set(self.groups) if groups.get(t) != self.groups.get(t)}
             storages: set[str] = set()
             for t in changed:

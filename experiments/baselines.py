@@ -63,8 +63,9 @@ def is_movement_kernel(name: str) -> bool:
     return bool(MOVEMENT_KERNEL.search(name)) and not COMPUTE_HINT.search(name)
 
 
-def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, float, float]:
-    """(kernels per call, movement kernels per call, movement us, compute us) from torch.profiler."""
+def kernel_times(fn: Callable[[], Any], iters: int = 5, trace: str | None = None) -> dict[str, tuple[float, float]]:
+    """GPU kernel name -> (launches per call, us per call) over ``iters`` profiled calls of ``fn`` (after one
+    untimed call); ``trace``: also write the profiler's Chrome trace to that path."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -73,19 +74,30 @@ def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, fl
         for _ in range(iters):
             fn()
         torch.cuda.synchronize()
-    n = mv = 0
-    mv_us = comp_us = 0.0
+    if trace is not None:
+        prof.export_chrome_trace(trace)
+    acc: dict[str, list[float]] = {}
     for evt in prof.events():
         if evt.device_type != torch.autograd.DeviceType.CUDA:
             continue
-        dur = evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
-        n += 1
-        if is_movement_kernel(evt.name):
-            mv += 1
-            mv_us += dur
+        a = acc.setdefault(evt.name, [0.0, 0.0])
+        a[0] += 1
+        a[1] += evt.device_time if hasattr(evt, "device_time") else evt.cuda_time
+    return {k: (n / iters, us / iters) for k, (n, us) in acc.items()}
+
+
+def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, float, float]:
+    """(kernels per call, movement kernels per call, movement us, compute us) from torch.profiler."""
+    n = mv = 0.0
+    mv_us = comp_us = 0.0
+    for name, (calls, us) in kernel_times(fn, iters).items():
+        n += calls
+        if is_movement_kernel(name):
+            mv += calls
+            mv_us += us
         else:
-            comp_us += dur
-    return n // iters, mv // iters, mv_us / iters, comp_us / iters
+            comp_us += us
+    return int(n), int(mv), mv_us, comp_us
 
 
 def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True) -> Measurement:

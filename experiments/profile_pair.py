@@ -14,9 +14,8 @@ from __future__ import annotations
 import argparse
 import csv
 import time
-from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 
 def _parse_params(items: list[str]) -> dict[str, Any]:
@@ -25,30 +24,6 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
         k, _, v = it.partition("=")
         out[k] = int(v) if v.isdigit() else v
     return out
-
-
-def kernel_table(fn: Callable[[], Any], iters: int, trace: Path | None = None) -> dict[str, tuple[float, float]]:
-    """kernel name -> (launches per call, us per call) over ``iters`` calls of ``fn`` (a graph replay);
-    ``trace``: also write the profiler's Chrome trace there (where the idle gaps between kernels are)."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iters):
-            fn()
-        torch.cuda.synchronize()
-    if trace is not None:
-        prof.export_chrome_trace(str(trace))
-    acc: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
-    for e in prof.events():
-        if e.device_type.name != "CUDA":
-            continue
-        acc[e.name][0] += 1
-        acc[e.name][1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
-    return {k: (n / iters, us / iters) for k, (n, us) in acc.items()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import vtcsearch
-    from experiments.baselines import measure
+    from experiments.baselines import kernel_times, measure
     from experiments.workloads import build_workload
 
     params = {"native_dtype": True, **_parse_params(a.params)} if a.workload == "zoo" else _parse_params(a.params)
@@ -97,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for name, fn in list(runs.items()) + list(runs.items()):   # twice, alternating: the order is not the difference
         m = measure(name, fn, profile=False)
-        tables[name] = kernel_table(fn, a.iters, out / f"{name}.trace.json" if a.trace else None)
+        tables[name] = kernel_times(fn, a.iters, str(out / f"{name}.trace.json") if a.trace else None)
         total = sum(us for _, us in tables[name].values())
         print(f"{name:22s} median {m.median_us:9.1f} us per replay; kernel time {total:9.1f} us, "
               f"{sum(n for n, _ in tables[name].values()):.0f} launches")

@@ -1,11 +1,11 @@
 """The search at whole-model scale (issue 13): writes ``results/solver_scaling/`` (report.md, scaling.csv).
 
-    python -m experiments.solver_scaling                         # every model, greedy and ILP, decomposition off/on
+    python -m experiments.solver_scaling                         # every model, greedy and ILP, whole and seams
     python -m experiments.solver_scaling --models shufflenet     # some of them
     python -m experiments.solver_scaling --out /tmp/scaling      # elsewhere
 
 Per model (meta device, analytical oracle with the H200 preset, CP-SAT on one worker, this machine) and
-per solver (greedy and the ILP; with decomposition off and on for the synthetic VTOG and Llama): VTOG size, capture time (capture + VTOG), the solver's build time (the ILP: its greedy warm
+per solver (greedy and the ILP; whole, and cut at the seams between repeated layers): VTOG size, capture time (capture + VTOG), the solver's build time (the ILP: its greedy warm
 start, the configuration space and one oracle query per configuration, the CP-SAT model) and solve time
 (CP-SAT with its lazy cuts), status, objective, and CP-SAT's bound and gap.  Every row starts with cold
 memos (a new oracle, the core's memos cleared), so rows do not speed each other up.
@@ -23,6 +23,7 @@ import warnings
 from typing import Any, Callable, Sequence
 
 from cost_models import AnalyticalOracle
+from cost_models.accounting import clear_shared_memos
 from solvers import get_solver
 from vtcsearch.core.mapping import clear_memos
 
@@ -35,10 +36,12 @@ MODELS: dict[str, tuple[str, float]] = {
     "yolo11s": ("YOLO11s at 640x640 (yolo11 variant=s)", 60.0),
     "efficientvit_b1": ("EfficientViT-B1 segmentation at 1024x2048 (efficientvit)", 60.0),
 }
-RUNS: list[tuple[str, bool]] = [("greedy", False), ("ilp", False), ("greedy", True), ("ilp", True)]
-# decomposition matters where a VTOG has many independent or repeated parts (random motifs, identical layers)
-RUNS_OF: dict[str, list[tuple[str, bool]]] = {"shufflenet_v2": RUNS[:2], "yolo11s": RUNS[:2],
-                                              "efficientvit_b1": RUNS[:2]}
+# decompose: False (whole), True (independent parts) or "seams" (also cut between repeated layers)
+RUNS: list[tuple[str, bool | str]] = [("greedy", False), ("ilp", False), ("greedy", "seams"), ("ilp", "seams")]
+# the seams matter where a VTOG repeats layers (a decoder); elsewhere they are the independent parts
+RUNS_OF: dict[str, list[tuple[str, bool | str]]] = {"shufflenet_v2": [RUNS[0], RUNS[1], RUNS[3]],
+                                                    "yolo11s": [RUNS[0], RUNS[1], RUNS[3]],
+                                                    "efficientvit_b1": [RUNS[0], RUNS[1], RUNS[3]]}
 ILP_BUDGET = 60.0
 
 
@@ -85,9 +88,10 @@ def machine() -> dict[str, Any]:
             "date": dt.datetime.now().isoformat(timespec="seconds")}
 
 
-def one(v, capture_s: float, solver: str, decompose: bool) -> dict[str, Any]:
+def one(v, capture_s: float, solver: str, decompose: bool | str) -> dict[str, Any]:
     """One row: ``solver`` on VTOG ``v`` from cold memos."""
     clear_memos()
+    clear_shared_memos()
     oracle = AnalyticalOracle("H200")
     kw: dict[str, Any] = {"decompose": decompose}
     if solver == "ilp":
@@ -112,10 +116,13 @@ def one(v, capture_s: float, solver: str, decompose: bool) -> dict[str, Any]:
 
 
 def run(models: Sequence[str], out: str = "results/solver_scaling", runs: Sequence[tuple[str, bool]] | None = None,
-        log: Callable[[str], None] = print):
+        log: Callable[[str], None] = print, append: bool = False, command: str | None = None):
     import pandas as pd
     env = machine()
+    env["command"] = command or "python -m experiments.solver_scaling --models " + " ".join(models)
     rows = []
+    if append and os.path.exists(os.path.join(out, "scaling.csv")):   # rows of an earlier run stay, with their date
+        rows = pd.read_csv(os.path.join(out, "scaling.csv")).to_dict("records")
     for name in models:
         clear_memos()
         v, cap = build(name)
@@ -140,6 +147,10 @@ def run(models: Sequence[str], out: str = "results/solver_scaling", runs: Sequen
     return pd.DataFrame(rows)
 
 
+def _decomp(d) -> str:
+    return d if d in ("seams", "auto") else ("on" if d in (True, "True") else "off")
+
+
 def _fmt(x, f: str = ".1f") -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return ""
@@ -149,8 +160,16 @@ def _fmt(x, f: str = ".1f") -> str:
 def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
     cmd = "python -m experiments.solver_scaling" + ("" if list(models) == list(MODELS) else
                                                      " --models " + " ".join(models))
-    lines = ["# The search at whole-model scale", "",
-             f"`{cmd}` at commit {env['commit']}; {env['date']}.", "",
+    if "command" not in df:
+        df = df.assign(command=None)
+    for date in df.loc[df["command"].isna(), "date"].unique():   # rows of a run before commands were recorded
+        ms = " ".join(dict.fromkeys(df.loc[df["date"] == date, "model"]))
+        df.loc[df["date"] == date, "command"] = f"python -m experiments.solver_scaling --models {ms}"
+    runs = df[["command", "commit", "date"]].drop_duplicates("command").reset_index(drop=True)
+    cmds = [f"{k + 1}. `{c}` at commit {m}; {d}." for k, (c, m, d) in enumerate(runs.itertuples(index=False))]
+    run_of = {c: k + 1 for k, c in enumerate(runs["command"])}
+    models = list(dict.fromkeys(df["model"]))
+    lines = ["# The search at whole-model scale", "", *cmds, "",
              f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores (shared); python {env['python']}, "
              f"torch {env['torch']}, ortools {env['ortools']}.  Meta device, analytical oracle (H200 preset), "
              f"CP-SAT on one worker with a {ILP_BUDGET:.0f} s budget; each row from cold memos.", "",
@@ -158,10 +177,12 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
              "Columns: capture = capture + VTOG construction; build = the ILP's model building (its greedy warm "
              "start, one oracle query per configuration, the CP-SAT model); solve = CP-SAT with lazy cuts; "
              "total = capture + the whole search; target = the issue's bound on the ILP's total.  "
-             "Decomposed rows sum build and solve over the parts solved.", "",
-             "| model | VTOG nodes | options | solver | decomp. | capture s | build s | solve s | total s | target s "
+             "Decomposed rows sum build and solve over the parts solved; decomp. `seams` = "
+             "`decompose=\"seams\"` (parts cut between repeated layers, hub tensors kept physical: not proven "
+             "optimal).  search s = the solver alone (total minus capture).", "",
+             "| run | model | VTOG nodes | options | solver | decomp. | capture s | build s | solve s | search s | total s | target s "
              "| status | objective us | bound us | gap | parts/solved |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         tgt = r.get("target_s")
         met = ""
@@ -169,9 +190,9 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
             met = " (met)" if r["total_s"] <= tgt else f" (missed by {r['total_s'] - tgt:.0f} s)"
         parts = "" if r.get("parts") is None or (isinstance(r.get("parts"), float) and math.isnan(r["parts"])) \
             else f"{int(r['parts'])}/{int(r['solves'])}"
-        lines.append(f"| {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
-                     f"{'on' if r['decompose'] else 'off'} | {_fmt(r.get('capture_s'))} | {_fmt(r.get('build_s'))} | "
-                     f"{_fmt(r.get('solve_s'))} | {_fmt(r.get('total_s'))} | {_fmt(tgt, '.0f')}{met} | {r['status']} | "
+        lines.append(f"| {run_of[r['command']]} | {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
+                     f"{_decomp(r['decompose'])} | {_fmt(r.get('capture_s'))} | {_fmt(r.get('build_s'))} | "
+                     f"{_fmt(r.get('solve_s'))} | {_fmt(r.get('search_s'))} | {_fmt(r.get('total_s'))} | {_fmt(tgt, '.0f')}{met} | {r['status']} | "
                      f"{_fmt(r.get('objective_us'), '.2f')} | {_fmt(r.get('bound_us'), '.2f')} | "
                      f"{_fmt(r.get('gap'), '.4f')} | {parts} |")
     lines += ["", "Full rows (also search CPU seconds, oracle queries, configurations): `scaling.csv`."]
@@ -183,9 +204,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     ap.add_argument("--out", default="results/solver_scaling")
+    ap.add_argument("--runs", nargs="*", default=None,
+                    help="solver:decompose pairs instead of the defaults, e.g. ilp:on greedy:off ilp:seams ilp:auto")
+    ap.add_argument("--append", action="store_true", help="keep the rows already in OUT/scaling.csv")
     a = ap.parse_args(argv)
+    runs = None
+    if a.runs:
+        dec = {"off": False, "on": True, "seams": "seams", "auto": "auto"}
+        try:
+            runs = [(r.split(":")[0], dec[r.split(":")[1]]) for r in a.runs]
+        except (IndexError, KeyError):
+            ap.error("--runs takes solver:off|on|seams|auto pairs")
     sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
-    run(a.models, a.out)
+    run(a.models, a.out, runs=runs, append=a.append,
+        command=" ".join(["python -m experiments.solver_scaling", *(sys.argv[1:] if argv is None else argv)]))
 
 
 if __name__ == "__main__":

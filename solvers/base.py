@@ -96,6 +96,11 @@ class Run:
         opts = list(options)
         dropped = 0
         strategy = validated
+        if strategy is None and getattr(self.vtog, "parent", None) is not None:
+            # a part of a decomposed search: solvers.decompose validates the union of the parts (and solves
+            # the whole when a seam fails), so a whole-graph validation per part would only repeat it
+            strategy = self.oracle.accounting(self.vtog).strategy(
+                [e for o in opts for e in self.vtog.options[o].edges])
         while strategy is None:
             s = LocalStrategy(self.vtog, [e for o in opts for e in self.vtog.options[o].edges],
                               self.oracle.accounting(self.vtog))

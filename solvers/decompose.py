@@ -23,11 +23,25 @@ replaced by their first-occurrence index) is equal are solved once; the
 copies take the corresponding options.  ``info["solves"]`` counts the parts
 actually solved, ``info["parts"]`` all of them.
 
+A part's accounting (``sub_vtog`` sets ``parent``) holds only the units its
+options can change, and the parts share the graph's memos, so a part's search
+costs O(part).
+
+Cut points between repeated layers (``decompose="seams"``, :func:`seam_parts`):
+the layers of a decoder are one component because every layer reads the same
+rotary tables (options of every layer point into them, and the cos/sin slices
+are candidates).  The seams couple validity only through hazard-prone storages
+and keep the *hub* tensors (read by every layer) physical; the layers become
+parts, solved once per signature.  Not exact (the hubs are not searched): the
+status is never ``optimal``, the union is validated, a failing seam falls back
+to the whole.  ``decompose="auto"`` (the ILP's default) cuts at the seams only
+when the parts are mostly repeats (:func:`repeated`), and solves whole otherwise.
+
 Every searching solver whose module sets ``DECOMPOSABLE`` (greedy, ILP,
 exhaustive) goes through :func:`solve_decomposed` via
 :func:`solvers.get_solver`; its ``DECOMPOSE`` is the default of ``decompose``
-(on for exhaustive; off for greedy and the ILP until a part's search state is
-scoped to the part: today each part's state spans the whole graph).
+(on for exhaustive; off for greedy and the ILP: see their modules for the
+measurements).
 Optuna is solved whole: one study (trials, storage) belongs to one search.
 """
 from __future__ import annotations
@@ -46,15 +60,26 @@ from .base import Run, SolveResult, SolverStatus
 Solve = Callable[..., SolveResult]
 
 
-def parts(vtog: VTOG, oracle: CostOracle) -> list[list[int]]:
-    """Option ids of each independent part (connected components of the interaction relation), in order."""
+def parts(vtog: VTOG, oracle: CostOracle, seams: bool = False) -> list[list[int]]:
+    """Option ids of each independent part (connected components of the interaction relation), in order.
+
+    ``seams``: also cut between repeated layers (:func:`seam_parts`); the hub tensors' options are left out."""
+    if seams:
+        return seam_parts(vtog, oracle)[0]
+    return _components(vtog, oracle)
+
+
+def _components(vtog: VTOG, oracle: CostOracle, fixed: frozenset[str] = frozenset(),
+                storages: set[str] | None = None) -> list[list[int]]:
+    """Connected components of the interaction relation over the options of tensors not in ``fixed``;
+    ``storages``: the storages that couple validity (None: every storage)."""
     acc = oracle.accounting(vtog)
-    cands = set(acc.options_of)          # a tensor without options is physical: its map is fixed
+    cands = set(acc.options_of) - fixed  # a tensor without options (or fixed physical) has a fixed map
     g = nx.Graph()
     g.add_nodes_from(cands)
     for o in range(len(vtog.options)):
         for d in acc.option_targets[o]:
-            if d in cands:
+            if d in cands and acc.option_tensor[o] in cands:
                 g.add_edge(acc.option_tensor[o], d)
     for u in acc.units:
         ts = [t for t in u.tensors if t in cands]
@@ -63,13 +88,45 @@ def parts(vtog: VTOG, oracle: CostOracle) -> list[list[int]]:
     # validity couples too: options that resolve into one storage (a KV cache written by one tensor's
     # option and read through another's) can be valid only together, so they are solved together
     for o in range(len(vtog.options)):
+        if acc.option_tensor[o] not in cands:
+            continue
         for e in vtog.options[o].edges:
-            g.add_edge(acc.option_tensor[o], ("storage", vtog.graph.tensors[vtog.edges[e].dst].storage_name))
+            st = vtog.graph.tensors[vtog.edges[e].dst].storage_name
+            if storages is None or st in storages:
+                g.add_edge(acc.option_tensor[o], ("storage", st))
     comp = {t: k for k, c in enumerate(nx.connected_components(g)) for t in c if t in cands}
     by: dict[int, list[int]] = {}
     for o in range(len(vtog.options)):
-        by.setdefault(comp[acc.option_tensor[o]], []).append(o)
+        if acc.option_tensor[o] in cands:
+            by.setdefault(comp[acc.option_tensor[o]], []).append(o)
     return sorted(by.values(), key=lambda os_: os_[0])
+
+
+def seam_parts(vtog: VTOG, oracle: CostOracle, min_consumers: int = 4) -> tuple[list[list[int]], list[str]]:
+    """(parts, hub tensors): cut points between repeated layers.
+
+    Two things join the layers of a decoder into one component: storages that options of every layer point
+    into (the rotary tables), and *hub* tensors every layer reads (the cos/sin slices).  Here validity
+    couples only through the storages where hazards are possible (in-place edges, mutated buffers:
+    ``cost_models.state``'s sensitive storages; elsewhere every tensor sharing a storage holds equal values),
+    and the hubs -- the candidates read by at least ``min_consumers`` ops, when leaving them out splits more
+    parts -- stay physical, their options left out.  A heuristic cut (the hubs' options are not searched): the caller
+    validates the union and says the result is not proven optimal."""
+    from cost_models.state import _sensitive_storages
+    acc = oracle.accounting(vtog)
+    sens = _sensitive_storages(acc)
+    base = _components(vtog, oracle, storages=sens)
+    hubs: list[str] = []
+    for t in acc.options_of:
+        consumers = set(vtog.graph.tensors[t].consumers)
+        if len(consumers) >= min_consumers:
+            hubs.append(t)
+    if not hubs:
+        return base, []
+    cut = _components(vtog, oracle, fixed=frozenset(hubs), storages=sens)
+    if len(cut) <= len(base):
+        return base, []       # the hubs split nothing: keep their options
+    return cut, hubs
 
 
 def sub_vtog(vtog: VTOG, options: list[int]) -> VTOG:
@@ -117,7 +174,20 @@ def signature(vtog: VTOG, oracle: CostOracle, options: list[int]) -> str:
             ed = vtog.edges[e]
             tensors.append(ed.dst)
             out.append(f" E {n(ed.src)}>{n(ed.dst)} {ed.kind} {ed.cls} {ed.run} {m(ed.map)}")
-    units = sorted({u for t in dict.fromkeys(tensors) for u in acc.units_of.get(t, [])})
+    # in program order (unit ids list kernels before copies, which interleaves repeated layers differently)
+    units = sorted({u for t in dict.fromkeys(tensors) for u in acc.units_of.get(t, [])},
+                   key=lambda u: (min(acc.order[x] for x in (acc.kernel_ops[acc.units[u].kernel]
+                                                             if acc.units[u].kernel else [acc.units[u].op])), u))
+
+    def pre(u: int) -> str:   # the unit's line with tensors not yet named left anonymous: a canonical order
+        un = acc.units[u]
+        ops = acc.kernel_ops[un.kernel] if un.kernel else [un.op]
+        info = [g.tensors[t] for t in un.tensors]
+        return f"{un.kind} {un.out} {un.src} " + ",".join(
+            f"t{names[t]}" if t in names else f"?{tuple(i.shape)}:{i.dtype}:{i.kind}:{i.is_output}"
+            for t, i in zip(un.tensors, info)) + " " + ",".join(g.ops[x].target_name for x in ops)
+
+    units = sorted(units, key=lambda u: (pre(u), u))
     for u in units:
         un = acc.units[u]
         ops = acc.kernel_ops[un.kernel] if un.kernel else [un.op]
@@ -126,13 +196,29 @@ def signature(vtog: VTOG, oracle: CostOracle, options: list[int]) -> str:
     return "\n".join(out)
 
 
+def repeated(vtog: VTOG, oracle: CostOracle, ps: list[list[int]]) -> bool:
+    """Whether the seams' parts are mostly repeats (a stack of identical layers: at most half of them distinct),
+    which is where solving each distinct part once pays for leaving the hubs unsearched (``decompose="auto"``)."""
+    return len(ps) >= 4 and 2 * len({signature(vtog, oracle, p) for p in ps}) <= len(ps)
+
+
 def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, budget: Any = None,
                      seed: int = 0, decompose: bool = True, **options: Any) -> SolveResult:
     """``solve`` on each independent part (repeated parts once), combined; whole when that cannot be exact."""
+    if decompose not in (True, False, "seams", "auto"):
+        raise ValueError(f"decompose must be True, False, 'seams' or 'auto', not {decompose!r}")
     if not decompose or oracle.objective.needs_memory:
         return solve(vtog, oracle, budget=budget, seed=seed, **options)
-    ps = parts(vtog, oracle)
-    if len(ps) <= 1:
+    hubs: list[str] = []
+    if decompose in ("seams", "auto"):
+        ps, hubs = seam_parts(vtog, oracle)
+        if decompose == "auto":
+            if not repeated(vtog, oracle, ps):
+                return solve(vtog, oracle, budget=budget, seed=seed, **options)
+            decompose = "seams"
+    else:
+        ps = parts(vtog, oracle)
+    if len(ps) <= 1 and not hubs:
         return solve(vtog, oracle, budget=budget, seed=seed, **options)
     run = Run(name, vtog, oracle)
     classes: dict[str, list[int]] = {}
@@ -159,6 +245,8 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
             chosen.extend(ps[k][i] for i in pos)
         run.trace.extend({**row, "part": len(statuses) - 1, "copies": len(members)} for row in r.trace)
     info: dict[str, Any] = {**first, "parts": len(ps), "solves": len(classes), "sub_results": sub_info}
+    if decompose == "seams":
+        info["seams"] = hubs        # hub tensors kept physical: the union is not proven optimal
     for k in ("cuts", "build_s", "solve_s"):     # totals over the parts solved (not the first part's)
         if any(k in s for s in sub_info):
             info[k] = sum(s.get(k, 0) for s in sub_info)
@@ -167,7 +255,10 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
     if gaps:
         info["gap"] = max(gaps)     # every part is proven within this relative gap
     try:
-        res = run.finish(chosen, _combined(statuses), info)
+        status = _combined(statuses)
+        if hubs and status == SolverStatus.OPTIMAL:
+            status = SolverStatus.FEASIBLE
+        res = run.finish(chosen, status, info)
         if res.info.get("dropped_by_final_validation"):
             raise StrategyError("hazard", "", "a seam between parts")
         return res

@@ -53,8 +53,9 @@ from .base import Run, SolveResult, SolverStatus, penalized, usable_options
 
 NAME = "greedy"
 DECOMPOSABLE = True   # can be solved part by part through solvers.decompose (decompose=True) ...
-DECOMPOSE = False     # ... not by default: each part's search state spans the whole graph, so on the 300-node
-                      # synthetic VTOG parts cost 4.5x the whole search (13.8 vs 3.1 s) for the same objective
+DECOMPOSE = False     # ... not by default: decompose="seams" is faster on Llama 3 8B decode (3.4 vs 7.9 s) but
+                      # 0.05% worse (its hub tensors stay physical), and slower and worse on the 2,000-node
+                      # synthetic VTOG (results/solver_scaling/)
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: int | None = None, seed: int = 0,

@@ -70,7 +70,10 @@ from .base import Run, SolveResult, SolverStatus
 
 NAME = "ilp"
 DECOMPOSABLE = True   # can be solved part by part through solvers.decompose (decompose=True) ...
-DECOMPOSE = False     # ... not by default: 3x slower than whole on the 300-node synthetic VTOG (21.9 vs 6.8 s)
+DECOMPOSE = "auto"    # ... at the seams between layers when they are mostly repeats: Llama 3 8B decode (65 parts,
+                      # 4 distinct) in 5.7 s instead of 96 s, and 1.6% better; whole elsewhere (the 2,000-node
+                      # synthetic VTOG, 195 parts / 173 distinct, is faster and 0.2% better whole)
+                      # (results/solver_scaling/); decompose=False / "seams" force either
 PS = 1e12   # latency in integer picoseconds
 
 

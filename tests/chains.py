@@ -274,3 +274,13 @@ def random_valid_strategy(vtog, rng: random.Random, p: float = 0.4):
                 Strategy.from_options(vtog, opts + [o.id]).is_valid():
             opts.append(o.id)
     return Strategy.from_options(vtog, opts)
+
+
+def maximal(v) -> "Strategy":
+    """Every option taken in VTOG order, where it keeps the strategy valid: the most virtual tensors greedily."""
+    from vtcsearch.core.strategy import Strategy
+    edges: set[int] = set()
+    for o in v.options:
+        if Strategy(v, edges | set(o.edges)).is_valid():
+            edges |= set(o.edges)
+    return Strategy(v, edges)

@@ -53,3 +53,49 @@ def test_decomposed_greedy_equals_whole():
         b.strategy.validate()
         assert b.info["parts"] > 1
         assert abs(a.objective - b.objective) <= 1e-9 * a.objective, (a.objective, b.objective)
+
+
+def test_seams_cut_between_repeated_layers():
+    """A 3-layer decode step: the plain parts keep the layers together (the rotary tables couple them); the
+    seams cut them apart, solve the repeated layers once, and the union is valid, never worse than greedy."""
+    import pytest
+    from experiments.workloads import build_workload
+    from solvers.decompose import seam_parts
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    w = build_workload("llama3", size="tiny", part="model", phase="decode", n_layers=3)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    oracle = AnalyticalOracle("H200")
+    plain = parts(v, oracle)
+    cut, hubs = seam_parts(v, oracle)
+    assert len(cut) > len(plain) and hubs
+    assert max(len(p) for p in cut) < max(len(p) for p in plain) / 2
+    g = get_solver("greedy")(v, oracle, decompose=False)
+    r = get_solver("ilp")(v, oracle, decompose="seams", workers=1, budget=20)
+    r.strategy.validate()
+    assert "decomposition_failed" not in r.info and r.info["seams"] == hubs
+    assert r.info["solves"] < r.info["parts"]              # identical layers solved once
+    assert r.status != "optimal"                            # the hubs were not searched: nothing proven
+    assert r.objective <= g.objective * (1 + 1e-9)
+    with pytest.raises(ValueError):
+        get_solver("greedy")(v, oracle, decompose="layers")
+
+
+def test_auto_cuts_at_the_seams_only_for_repeated_layers():
+    """decompose="auto" (the ILP's default): a stack of identical decoder layers is solved at the seams, one
+    solve per distinct layer; a graph without repeats (a random VTOG) is solved whole."""
+    from experiments.workloads import build_workload
+    from solvers.decompose import repeated, seam_parts
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    oracle = AnalyticalOracle("H200")
+    w = build_workload("llama3", size="tiny", part="model", phase="decode", n_layers=6)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    assert repeated(v, oracle, seam_parts(v, oracle)[0])
+    r = get_solver("ilp")(v, oracle, workers=1, budget=20)
+    r.strategy.validate()
+    assert r.info.get("seams") and r.info["solves"] < r.info["parts"]
+    syn = random_vtog(6, seed=0, **SIZES)
+    assert not repeated(syn, oracle, seam_parts(syn, oracle)[0])
+    r = get_solver("ilp")(syn, oracle, workers=1, budget=20)
+    assert "parts" not in r.info and "seams" not in r.info

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from chains import random_valid_strategy
+from chains import maximal, random_valid_strategy
 
 from cost_models import AnalyticalOracle, Hardware
 from solvers import get_solver
@@ -63,13 +63,6 @@ def case():
 def library_groups(g) -> dict[str, str]:
     return {n: im.LIBRARY for n, gr in g.groups.items() if im.LIBRARY in im.choices(g, gr)}
 
-
-def maximal(v) -> Strategy:
-    edges: set[int] = set()
-    for o in v.options:
-        if Strategy(v, edges | set(o.edges)).is_valid():
-            edges |= set(o.edges)
-    return Strategy(v, edges)
 
 
 def test_choices_per_group(case):

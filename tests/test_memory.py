@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from chains import random_valid_strategy
+from chains import maximal, random_valid_strategy
 
 from experiments.workloads import build_workload
 from vtcsearch.codegen import memory
@@ -32,13 +32,6 @@ def layer():
     g = capture(w.model, w.example_inputs)
     return w, g, build_vtog(g)
 
-
-def maximal(v) -> Strategy:
-    edges: set[int] = set()
-    for o in v.options:
-        if Strategy(v, edges | set(o.edges)).is_valid():
-            edges |= set(o.edges)
-    return Strategy(v, edges)
 
 
 def two_calls(w, g, strategy, reuse: bool):

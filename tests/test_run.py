@@ -826,3 +826,24 @@ def test_whole_model_configs_load():
         cfg = load_config(ROOT / "configs" / f"{n}.yaml")
         assert cfg.oracle_options["implementations"] == ["inductor", "library", "triton"]
         assert {"none", "greedy", "ilp", "ilp:mix"} <= set(cfg.solvers) and cfg.batch_sizes == [1, 16]
+
+
+@pytest.mark.parametrize("none_faster", [True, False])
+def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_faster):
+    """compile(guard=True) times the search's executable beside the all-physical one and keeps the faster: a
+    strategy the oracle mispriced never makes the model slower than compiling it without virtual tensors."""
+    import vtcsearch.api as api
+    torch.manual_seed(0)
+    m = Small().eval()
+    x, y = torch.randn(4, 16), torch.randn(1, 16)
+    with torch.no_grad():
+        ref = m(x, y)
+    times = iter([200.0, 100.0] if none_faster else [100.0, 200.0])   # search's first, then none's
+    monkeypatch.setattr(api, "time_executable", lambda exe, model, inputs: next(times))
+    fast = vtcsearch.compile(m, (x, y), solver="ilp", guard=True)
+    assert fast.guard is not None and fast.guard["search_us"] is not None, "the search chose none: nothing to decide"
+    assert fast.guard["kept"] == ("none" if none_faster else "search")
+    assert (fast.result.solver == "none") == none_faster
+    assert bool(fast.strategy.edges) != none_faster
+    for o, r in zip(fast(x, y), ref):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)

@@ -57,6 +57,7 @@ class Compiled:
         self._constants = [(k, a) for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)]
         self.strategy = result.strategy
         self.executable = executable
+        self.guard: dict[str, Any] | None = None   # compile(guard=...): the two measured times and which was kept
         self._call = executable.cuda_graph() if cuda_graph else executable
         self._specs = [graph.tensors[n] for n in graph.inputs]
         ep = graph.exported
@@ -152,7 +153,8 @@ def search_fusions(model: torch.nn.Module, example_inputs: Sequence[Any], search
 def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: str = "ilp",
             oracle: Any = "analytical", hardware: str = "H200", objective: Any = "latency",
             cuda_graph: bool = False, budget: float | None = None, seed: int = 0,
-            implementations: Sequence[str] | None = None, prologues: bool | str = False) -> Compiled:
+            implementations: Sequence[str] | None = None, guard: bool | None = None,
+            prologues: bool | str = False) -> Compiled:
     """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
 
     ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
@@ -161,9 +163,12 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
     ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper;
     adding ``"inductor"`` lets it hand groups to TorchInductor, merged into one compiled region
-    wherever no virtual tensor separates them); ``prologues``: fold a row norm into the decode GEMM
-    that reads it (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search the graph both
-    ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`).
+    wherever no virtual tensor separates them); ``guard``: time the search's executable beside the one
+    without virtual tensors (the ``none`` solver's: each group in its cheapest implementation) and keep the
+    faster, so a mispriced strategy never makes the model slower than compiling it without virtual tensors
+    (default: on for a CUDA model; ``Compiled.guard`` records both times); ``prologues``: fold a row norm
+    into the decode GEMM that reads it (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search
+    the graph both ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`).
     Returns a :class:`Compiled` callable.
     """
     import warnings
@@ -206,4 +211,41 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
                                              budget=budget, seed=seed)
         result.strategy.validate()
         exe = realize(graph, result.strategy, model)
-    return Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)
+        record = None
+        if (dev.type == "cuda" if guard is None else guard) and solver != "none":
+            result, exe, record = _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed)
+    compiled = Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)
+    compiled.guard = record
+    return compiled
+
+
+def time_executable(exe: Any, model: torch.nn.Module, example_inputs: Sequence[Any]) -> float:
+    """Median microseconds of one call of ``exe`` on ``example_inputs``; the module's buffers (a KV cache the
+    calls write) are restored afterwards."""
+    from .codegen.timing import bench
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    try:
+        with torch.no_grad():
+            return bench(lambda: exe(*example_inputs), device=exe.device, cuda_graph=False).median_us
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                b.copy_(saved[n])
+
+
+def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed):
+    """(result, executable, record): the search's, or the all-physical one's where that measures faster."""
+    from solvers import get_solver
+
+    from .codegen.realize import realize
+    ref = get_solver("none")(vtog, oracle, seed=seed)
+    if set(ref.strategy.edges) == set(result.strategy.edges) and ref.strategy.impl == result.strategy.impl:
+        return result, exe, {"search_us": None, "none_us": None, "kept": "search (same as none)"}
+    ref_exe = realize(graph, ref.strategy, model)
+    found_us = time_executable(exe, model, example_inputs)
+    none_us = time_executable(ref_exe, model, example_inputs)
+    record = {"search_us": found_us, "none_us": none_us, "kept": "search" if found_us <= none_us else "none"}
+    if found_us <= none_us:
+        return result, exe, record
+    ref.info["guard"] = record
+    return ref, ref_exe, record
