@@ -294,7 +294,9 @@ def constant_value(g: "TensorGraph", t: str) -> torch.Tensor | None:
             return env[n.name]
 
         args = torch.fx.node.map_arg(op.node.args, arg)
-        kwargs = torch.fx.node.map_arg(dict(op.node.kwargs), arg)
+        kwargs = dict(torch.fx.node.map_arg(dict(op.node.kwargs), arg))
+        if "device" in kwargs:      # evaluated on the CPU (a graph captured on the meta device has values too)
+            kwargs["device"] = torch.device("cpu")
         if missing:
             return None
         try:
