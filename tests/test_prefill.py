@@ -75,8 +75,11 @@ def test_prefill_runs_attention_in_the_template_and_equals_eager(name, part, dty
     if name == "gemma2":
         assert all(gr.info["softcap"] == 50.0 for gr in groups)
     got = fast(*w.example_inputs)
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
-    torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
+    else:   # eager rounds every step (scale, soft-cap, mask add) to bf16, the template keeps them in fp32
+        err = ((got.float() - ref.float()).norm() / ref.float().norm()).item()
+        assert err < 1e-2, err
 
 
 def test_dropping_the_mask_is_caught():
