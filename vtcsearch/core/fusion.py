@@ -5,8 +5,11 @@ groups here are the ones the kernel templates of :mod:`vtcsearch.codegen.kernels
 run, found in this order:
 
 ``attention``
-    ``bmm -> (scale, soft-cap, casts) -> softmax -> (casts) -> bmm`` with the
-    reshapes and broadcasts between them: one FlashAttention / FlashDecoding kernel.
+    ``bmm -> (scale, soft-cap, casts) -> [+ additive mask] -> softmax -> (casts) -> bmm`` with
+    the reshapes and broadcasts between them: one FlashAttention / FlashDecoding kernel.
+    A mask the graph computes from constants (a prefill's causal or sliding-window mask)
+    is evaluated once at compile time; when it is provably causal / banded the kernel
+    masks by index and skips fully-masked KV tiles, otherwise it reads the mask.
     Or one ``scaled_dot_product_attention`` op (kept whole by capture): its
     mask, causal flag, scale and GQA are read off the call.
 ``rmsnorm``
