@@ -211,6 +211,33 @@ def test_prefill_pricing_halves_causal_attention():
     assert attention_density(g, gr.name) == 1.0
 
 
+def test_prefill_attention_priced_at_tensor_core_rate_and_causal_half():
+    """Llama 3 8B's 4096-token prefill attention (captured on the meta device): the analytical H200 model
+    prices the template compute-bound, at about half the full attention's time when causal, without
+    reading the proven mask."""
+    from cost_models import get_oracle
+    from vtcsearch.core.strategy import Strategy
+    from vtcsearch.core.vtog import build_vtog
+    w = build_workload("llama3", size="full", device="meta", part="attention", phase="prefill")
+    g = capture(w.model, w.example_inputs)
+    (gr,) = attention_groups(g)
+    assert gr.info["causal"] and gr.info["window"] is None and gr.info["unread"]
+
+    def row() -> dict:
+        ev = get_oracle("analytical", hardware="H200").evaluate(Strategy(build_vtog(g), []))
+        return next(r for r in ev.rows if r["unit"] == gr.name)
+
+    causal = row()
+    assert causal["t_compute"] > causal["t_mem"]                     # compute-bound at 4096 tokens
+    assert causal["bytes"] <= 4 * 32 * 4096 * 128 * 2                # q, k, v, out: the mask is not read
+    full_flops = 4.0 * 32 * 4096 * 4096 * 128
+    assert 0.5 * full_flops <= causal["flops"] < 0.53 * full_flops
+    gr.info.update(causal=False, unread=[])
+    full = row()
+    assert 1.9 < full["t_compute"] / causal["t_compute"] < 2.0
+    assert full["bytes"] - causal["bytes"] >= 4096 * 4096 * 2       # a read mask is priced
+
+
 # ---------------------------------------------------------------------------
 # Llama 3 8B size (someone with a GPU runs this)
 # ---------------------------------------------------------------------------
