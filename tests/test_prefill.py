@@ -175,6 +175,26 @@ def test_in_graph_masks_chunked_prefill(kind, softcap):
     torch.testing.assert_close(fast(q, k, v), m(q, k, v), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,sq,library", [("causal", 40, True), ("causal", 24, False), ("window", 40, False),
+                                             ("stripes", 40, False)])
+def test_library_sdpa_only_for_masks_it_can_express(kind, sq, library):
+    """The SDPA library implementation of a masked chain: is_causal for a square causal mask (top-left ==
+    bottom-right), never for a window, a read mask, or a non-square causal one (a silent wrong answer)."""
+    from vtcsearch.codegen.realize import realize
+    from vtcsearch.core import implementation as im
+    from vtcsearch.core.strategy import Strategy
+    from vtcsearch.core.vtog import build_vtog
+    q, k, v = _qkv(sq, 40)
+    m = InGraphMask(kind)
+    g = capture(m, (q, k, v))
+    (gr,) = attention_groups(g)
+    assert (im.LIBRARY in im.choices(g, gr)) == library
+    if library:
+        exe = realize(g, Strategy(build_vtog(g), (), {gr.name: im.LIBRARY}), m)
+        assert [st.lowering for st in exe.steps if st.name == gr.name] == ["library"]
+        torch.testing.assert_close(exe(q, k, v)[0], m(q, k, v), rtol=1e-4, atol=1e-4)
+
+
 def test_mask_added_before_the_scale_is_not_matched():
     """The template adds the mask after scale and soft-cap: another order is not its chain."""
     class Early(nn.Module):
