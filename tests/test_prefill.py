@@ -195,6 +195,20 @@ def test_library_sdpa_only_for_masks_it_can_express(kind, sq, library):
         torch.testing.assert_close(exe(q, k, v)[0], m(q, k, v), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_causal_prefill_launches_the_longest_row_blocks_first(causal):
+    """Causal row blocks see more keys the later they are: the grid starts from the last (FlashAttention 2's
+    order), so the short blocks fill the tail; the result is the same."""
+    from vtcsearch.codegen.kernels import Operand, attention
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 160, 16) for _ in range(3))     # 3 row blocks of 64
+    out = torch.empty(1, 2, 160, 16)
+    plans = attention(*(Operand.dense(t, n) for t, n in ((q, "q"), (k, "k"), (v, "v"), (out, "o"))), causal=causal)
+    assert plans[0].grid[0] == 3 and ("2 - tl.program_id(0)" in plans[0].source) == causal
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
 def test_mask_added_before_the_scale_is_not_matched():
     """The template adds the mask after scale and soft-cap: another order is not its chain."""
     class Early(nn.Module):
