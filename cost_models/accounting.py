@@ -794,6 +794,11 @@ class Accounting:
         self._assign: dict[tuple[str, int], dict[str, int | None]] = {}
         self.kernel_flops = {k: sum(op_flops(g, o) for o in ops) * attention_density(g, k)
                              for k, ops in self.kernel_ops.items()}
+        # tensors a kernel group makes and consumes itself (an attention's scores, a fused chain's temporaries):
+        # they live in registers, never in memory, so they take no part in the peak
+        owner = {o: k for k, ops in self.kernel_ops.items() for o in ops}
+        self.internal = {t for t, info in g.tensors.items() if info.producer in owner and not info.is_output
+                         and t not in self.kernel_io[owner[info.producer]][1]}
         # inputs of a kernel group that its template never reads (a mask proven causal: masked by index)
         self.unread = {k: set(g.groups[k].info.get("unread", ())) for k in self.kernel_ops if k in g.groups}
         # liveness
@@ -1209,6 +1214,8 @@ class Accounting:
         lo: dict[str, int] = {}
         hi: dict[str, int] = {}
         for t, targets in maps_targets.items():
+            if t in self.internal:
+                continue
             a, b = self.span[t]
             for s in targets:
                 if s in self.intermediate:
