@@ -625,6 +625,33 @@ def op_flops(graph: TensorGraph, op_name: str) -> float:
 
 TENSOR_CORE = {"matmul", "conv", "attention"}
 
+ATTN_TILE = 64      # the attention template's query rows and keys per tile at prefill sizes
+
+
+def attention_density(graph: TensorGraph, kernel: str, tile: int = ATTN_TILE) -> float:
+    """The fraction of an attention kernel's (query tile, key tile) pairs it computes: about 1/2 when causal
+    (FlashAttention skips the tiles above the diagonal), about ``window / Skv`` with a sliding window; 1 for
+    any other kernel.  Query row ``i`` sits at position ``i + Skv - Sq`` (bottom-right, as the template)."""
+    group = getattr(graph, "groups", {}).get(kernel)
+    if group is None or group.kind != "attention":
+        return 1.0
+    info = group.info
+    causal, window = bool(info.get("causal")), info.get("window")
+    if not causal and window is None or "q" not in info or "v" not in info:
+        return 1.0
+    sq, skv = graph.tensors[info["q"]].shape[-2], graph.tensors[info["v"]].shape[-2]
+    if sq <= 16 or not skv:          # decode-shaped: one row tile over every key (split over programs)
+        return 1.0
+    kblocks = -(-skv // tile)
+    done = 0
+    rblocks = -(-sq // tile)
+    for r in range(rblocks):
+        first, last = r * tile + skv - sq, min((r + 1) * tile, sq) - 1 + skv - sq
+        hi = min(skv, last + 1) if causal else skv
+        lo = max(0, first - int(window) + 1) // tile * tile if window is not None else 0
+        done += max(0, -(-hi // tile) - lo // tile)
+    return done / (rblocks * kblocks)
+
 
 # ---------------------------------------------------------------------------
 # the accounting of one VTOG
@@ -789,7 +816,15 @@ class Accounting:
         self._write_ok: dict[str | tuple, bool] = {}
         self._copy_maps: dict[tuple, tuple[IndexMap, IndexMap]] = {}
         self._assign: dict[tuple[str, int], dict[str, int | None]] = {}
-        self.kernel_flops = {k: sum(op_flops(g, o) for o in ops) for k, ops in self.kernel_ops.items()}
+        self.kernel_flops = {k: sum(op_flops(g, o) for o in ops) * attention_density(g, k)
+                             for k, ops in self.kernel_ops.items()}
+        # tensors a kernel group makes and consumes itself (an attention's scores, a fused chain's temporaries):
+        # they live in registers, never in memory, so they take no part in the peak
+        owner = {o: k for k, ops in self.kernel_ops.items() for o in ops}
+        self.internal = {t for t, info in g.tensors.items() if info.producer in owner and not info.is_output
+                         and t not in self.kernel_io[owner[info.producer]][1]}
+        # inputs of a kernel group that its template never reads (a mask proven causal: masked by index)
+        self.unread = {k: set(g.groups[k].info.get("unread", ())) for k in self.kernel_ops if k in g.groups}
         # liveness
         self.span: dict[str, tuple[int, int]] = {}
         for t, info in g.tensors.items():
@@ -1157,7 +1192,9 @@ class Accounting:
         if u.kind == "kernel":
             ins, outs = self.kernel_io[u.kernel]
             mp = dict(zip(u.tensors, maps))
-            operands = [Operand(t, "r", mp[t], g.tensors[t].dtype, g.tensors[t].itemsize) for t in ins]
+            unread = self.unread.get(u.kernel, ())
+            operands = [Operand(t, "r", mp[t], g.tensors[t].dtype, g.tensors[t].itemsize) for t in ins
+                        if t not in unread]
             operands += [Operand(t, "w", mp[t], g.tensors[t].dtype, g.tensors[t].itemsize) for t in outs]
             ops = [g.ops[o] for o in self.kernel_ops[u.kernel]]
             tc = any(o.category in TENSOR_CORE for o in ops)
@@ -1203,6 +1240,8 @@ class Accounting:
         lo: dict[str, int] = {}
         hi: dict[str, int] = {}
         for t, targets in maps_targets.items():
+            if t in self.internal:
+                continue
             a, b = self.span[t]
             for s in targets:
                 if s in self.intermediate:

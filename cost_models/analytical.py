@@ -58,7 +58,7 @@ from vtcsearch.codegen.kernels.gemm import split_configs
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_operands, needs_copy, \
     strided_view_strides
 
-from .accounting import Traffic, TrafficModel, UnitSpec, op_flops
+from .accounting import Traffic, TrafficModel, UnitSpec, attention_density, op_flops
 from .base import CostOracle, Objective, UnitCost
 from .hardware import EFFICIENCY, Hardware
 
@@ -264,6 +264,8 @@ class AnalyticalOracle(CostOracle):
         t_copy, copies, dense = self._residual_copies(spec, kind, ins, outs)
         prod = [g.ops[group.ops[0]]] if kind != "attention" else [g.ops[o] for o in group.ops]
         flops = sum(op_flops(g, op.name) for op in prod)
+        if kind == "attention":     # SDPA with is_causal skips the masked tiles too
+            flops *= attention_density(g, spec.unit.kernel)
         ekind = geo.kind if kind == "conv" else kind
         peak = hw.peak(spec.compute_dtype, True) * hw.eff("library", ekind)
         t_mem, t_comp, t_serial, body = self._body(geo, "library", dense, 0.0, flops, peak)
@@ -310,9 +312,10 @@ class AnalyticalOracle(CostOracle):
         ins, outs = dense_operands(g, group, INDUCTOR)
         t_copy, copies, dense = self._residual_copies(spec, INDUCTOR, ins, outs)
         t_flops = 0.0
-        if spec.flops:
-            t_flops = spec.flops / (hw.peak(spec.compute_dtype, spec.tensor_core)
-                                    * (self.inductor_eff(self.geometry(spec).kind) if spec.tensor_core else 1.0))
+        if spec.flops:   # Inductor runs the math chain's products whole: no masked tiles skipped
+            full = spec.flops / attention_density(g, spec.unit.kernel)
+            t_flops = full / (hw.peak(spec.compute_dtype, spec.tensor_core)
+                              * (self.inductor_eff(self.geometry(spec).kind) if spec.tensor_core else 1.0))
         t_call = max(self._t_dram(dense), t_flops) + hw.launch_s
         return UnitCost(t_copy + t_call, bytes=dense, flops=spec.flops,
                         detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call})

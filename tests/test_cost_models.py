@@ -146,8 +146,16 @@ def _brute_peak(v, strategy) -> int:
     res = strategy.resolve()
     const = sum(i.nbytes for t, i in g.tensors.items() if i.is_graph_input and i.storage_name == t)
     phys = set(strategy.physical_intermediates())
+    # what a kernel makes and consumes itself stays in registers (a fused chain's temporaries)
+    from vtcsearch.core.graph import kernel_io
+    internal = set()
+    for ops in g.kernels().values():
+        outs = set(kernel_io(g, ops)[1])
+        internal |= {t for o in ops for t in g.ops[o].outputs if t not in outs and not g.tensors[t].is_output}
     lo, hi = {}, {}
     for t, m in res.items():
+        if t in internal:
+            continue
         info = g.tensors[t]
         a = order.get(info.producer, -1)
         b = max([order[c] for c in info.consumers], default=a)

@@ -67,7 +67,7 @@ def _product(ctx: Context, group: Group, env: dict[str, torch.Tensor], out: torc
     """The library call writing the product into ``out`` (a captured SDPA call runs as it is)."""
     if group.kind == ATTENTION and not group.info.get("sdpa"):   # the matched math form: q, k^T, v as 3-d
         i = group.info
-        B, H, scale = i["batch"], i["heads"], i["scale"]
+        B, H, scale, causal = i["batch"], i["heads"], i["scale"], bool(i.get("causal"))
         q, kt, v = env[i["q"]], env[i["kt"]], env[i["v"]]
         BH, SQ, D = q.shape
         SKV, DV = v.shape[1], v.shape[2]
@@ -78,7 +78,7 @@ def _product(ctx: Context, group: Group, env: dict[str, torch.Tensor], out: torc
         o3 = out
 
         def run_attention() -> None:
-            o3.copy_(F.scaled_dot_product_attention(q4, k4, v4, scale=scale).reshape(BH, SQ, DV))
+            o3.copy_(F.scaled_dot_product_attention(q4, k4, v4, scale=scale, is_causal=causal).reshape(BH, SQ, DV))
         return run_attention
     op = im.library_op(ctx.graph, group)
     node = op.node

@@ -242,9 +242,24 @@ def lower_attention(ctx: Context, group: Group) -> Launch:
     out = ctx.operand(info["out"])      # [B*H, Sq, Dv]
     BH, SQ, D = q.shape
     SKV, DV = v.shape[1], v.shape[2]
+    mask = None
+    if info.get("mask") is not None:    # an additive mask, read through its map at the scores' index
+        mask = ctx.operand(info["mask"])
+        shape = tuple(info["mask_scores_shape"])
+        if mask.ndim < len(shape):
+            mask = mask.reshape((1,) * (len(shape) - mask.ndim) + tuple(mask.shape))
+        if len(shape) == 4 and shape[:2] == (B, H):
+            pass
+        elif len(shape) == 3 and all(s == 1 for s in mask.shape[:1]):
+            mask = mask.reshape((1,) + tuple(mask.shape))
+        elif len(shape) == 3:
+            mask = mask.broadcast_to(shape).reshape((B, H) + shape[1:])
+        else:
+            raise Unsupported(f"attention mask added to scores of shape {shape}")
     plans = attention(q.reshape((B, H, SQ, D)), kt.permute((0, 2, 1)).reshape((B, H, SKV, D)),
                       v.reshape((B, H, SKV, DV)), out.reshape((B, H, SQ, DV)),
-                      scale=info["scale"], softcap=info["softcap"])
+                      scale=info["scale"], softcap=info["softcap"], causal=info.get("causal", False),
+                      window=info.get("window"), mask=mask)
     return Launch.of(group.name, "attention", plans)
 
 

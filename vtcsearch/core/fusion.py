@@ -5,8 +5,11 @@ groups here are the ones the kernel templates of :mod:`vtcsearch.codegen.kernels
 run, found in this order:
 
 ``attention``
-    ``bmm -> (scale, soft-cap, casts) -> softmax -> (casts) -> bmm`` with the
-    reshapes and broadcasts between them: one FlashAttention / FlashDecoding kernel.
+    ``bmm -> (scale, soft-cap, casts) -> [+ additive mask] -> softmax -> (casts) -> bmm`` with
+    the reshapes and broadcasts between them: one FlashAttention / FlashDecoding kernel.
+    A mask the graph computes from constants (a prefill's causal or sliding-window mask)
+    is evaluated once at compile time; when it is provably causal / banded the kernel
+    masks by index and skips fully-masked KV tiles, otherwise it reads the mask.
     Or one ``scaled_dot_product_attention`` op (kept whole by capture): its
     mask, causal flag, scale and GQA are read off the call.
 ``rmsnorm``
@@ -116,8 +119,15 @@ def _is_identity_move(op: "OpNode") -> bool:
 _SCALE_OPS = {aten.div.Tensor, aten.div.Scalar, aten.mul.Tensor, aten.mul.Scalar}
 
 
-def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
-    """``bmm(q, kT) -> [view] -> [scale | softcap | cast]* -> softmax -> [cast] -> [expand/view] -> bmm(., v)``."""
+def match_attention(g: "TensorGraph", softmax: "OpNode", masks: dict | None = None) -> Group | None:
+    """``bmm(q, kT) -> [view] -> [scale | softcap | cast]* -> [+ mask] -> [cast] -> softmax -> [cast] ->
+    [expand/view] -> bmm(., v)``.
+
+    An additive mask (after scale and soft-cap, as the template applies it) is an operand read through its
+    map, unless :func:`classify_mask` proves the graph computes a causal / sliding-window mask from constants:
+    then the kernel masks by index and skips fully-masked KV tiles, and never reads it (``info["unread"]``).
+    ``masks`` caches that proof per mask tensor (one mask is shared by every layer).
+    """
     if softmax.node is None or softmax.node.target is not aten._softmax.default:
         return None
     x_shape = g.tensors[softmax.inputs[0]].shape
@@ -125,6 +135,8 @@ def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
     if dim not in (-1, len(x_shape) - 1):
         return None
     pre: list["OpNode"] = []
+    mask: str | None = None
+    mask_shape: tuple[int, ...] = ()
     # backward to the first bmm
     t = softmax.inputs[0]
     while True:
@@ -136,6 +148,16 @@ def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
         if p.node is not None and p.node.target is aten.bmm.default:
             bmm1 = p
             break
+        if mask is None and _is_mask_add(g, p):
+            # the additive mask: the scores are the input that leads back to the first bmm
+            ins = [i for i in p.inputs if _leads_to_bmm(g, i)]
+            if len(ins) != 1 or g.tensors[ins[0]].shape != g.tensors[p.outputs[0]].shape:
+                return None
+            mask = next(i for i in p.inputs if i != ins[0])
+            mask_shape = g.tensors[p.outputs[0]].shape
+            pre.append(p)
+            t = ins[0]
+            continue
         if len(p.inputs) != 1 or not (is_pure_movement(g, p) or p.category == "pointwise"):
             return None
         if p.category == "pointwise" and not (_is_cast(p) or p.node.target in _SCALE_OPS
@@ -163,8 +185,14 @@ def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
         return None
     # scale and soft-cap, read off the pointwise ops before the softmax (applied in order)
     scale, softcap, stage = 1.0, None, []
+    after_mask = False
     for p in reversed(pre):
         if p.category != "pointwise" or _is_cast(p):
+            continue
+        if after_mask:
+            return None      # the template adds the mask after scale and soft-cap: nothing may follow it
+        if _is_mask_add(g, p):
+            after_mask = True
             continue
         args = _scalar_args(p)
         tgt = p.node.target
@@ -193,8 +221,139 @@ def match_attention(g: "TensorGraph", softmax: "OpNode") -> Group | None:
             break
     members = [bmm1] + list(reversed(pre)) + [softmax] + post + [bmm2]
     ops = [o.name for o in members]
-    info = {"q": q, "kt": kt, "v": v, "out": out, "scale": scale, "softcap": softcap, "batch": B, "heads": H}
+    info = {"q": q, "kt": kt, "v": v, "out": out, "scale": scale, "softcap": softcap, "batch": B, "heads": H,
+            "mask": None, "causal": False, "window": None, "unread": []}
+    if mask is not None:
+        if not g.tensors[mask].dtype.is_floating_point or not _broadcasts(g.tensors[mask].shape, mask_shape):
+            return None
+        sq, skv = g.tensors[q].shape[-2], g.tensors[v].shape[-2]
+        pattern = _mask_pattern(g, mask, sq, skv, masks if masks is not None else {})
+        info["mask_scores_shape"] = tuple(mask_shape)
+        if pattern is None:
+            info["mask"] = mask                  # read tile by tile through its map
+        else:                                    # provably causal / banded: the kernel skips masked tiles
+            info["causal"], info["window"] = pattern
+            info["unread"] = [mask]
     return Group(bmm2.name, ATTENTION, ops, info)
+
+
+def _is_mask_add(g: "TensorGraph", op: "OpNode") -> bool:
+    """``add(scores, mask)`` of two tensors (alpha 1): a candidate additive attention mask."""
+    n = op.node
+    return n is not None and n.target is aten.add.Tensor and len(op.inputs) == 2 and op.inputs[0] != op.inputs[1] \
+        and n.kwargs.get("alpha", 1) == 1 and all(isinstance(a, torch.fx.Node) for a in n.args[:2])
+
+
+def _leads_to_bmm(g: "TensorGraph", t: str, depth: int = 16) -> bool:
+    """Whether ``t`` is a bmm's result through single-input pointwise / pure movement ops only it reads."""
+    for _ in range(depth):
+        if _sole_consumer(g, t) is None:
+            return False
+        p = _producer(g, t)
+        if p is None or p.node is None:
+            return False
+        if p.node.target is aten.bmm.default:
+            return True
+        if len(p.inputs) != 1 or not (is_pure_movement(g, p) or p.category == "pointwise"):
+            return False
+        t = p.inputs[0]
+    return False
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    if len(shape) > len(to):
+        return False
+    return all(a in (1, b) for a, b in zip(shape[::-1], to[::-1]))
+
+
+_MASK_OPS = 64              # the largest in-graph mask computation evaluated at compile time
+_MASK_NUMEL = 1 << 27
+
+
+def constant_value(g: "TensorGraph", t: str) -> torch.Tensor | None:
+    """``t``'s value when the graph computes it from nothing but constants (``full``, ``arange``, comparisons,
+    ``where``, ``cat``...): evaluated once, at compile time.  None when it reads an input, a parameter or a
+    buffer (its value may change between calls), or is random or too large."""
+    need: set[str] = set()
+    stack = [t]
+    while stack:
+        x = stack.pop()
+        p = g.tensors[x].producer
+        if p is None:
+            return None
+        if p in need:
+            continue
+        op = g.ops[p]
+        n = op.node
+        if n is None or len(op.outputs) != 1 or not callable(n.target) or len(need) >= _MASK_OPS \
+                or torch.Tag.nondeterministic_seeded in getattr(n.target, "tags", ()) \
+                or g.tensors[op.outputs[0]].numel > _MASK_NUMEL:
+            return None
+        need.add(p)
+        stack.extend(op.inputs)
+    env: dict[str, Any] = {}
+    for name, op in g.ops.items():     # export order is a topological order
+        if name not in need:
+            continue
+        missing = []
+
+        def arg(n: torch.fx.Node) -> Any:
+            if n.name not in env:
+                missing.append(n.name)
+                return None
+            return env[n.name]
+
+        args = torch.fx.node.map_arg(op.node.args, arg)
+        kwargs = dict(torch.fx.node.map_arg(dict(op.node.kwargs), arg))
+        if "device" in kwargs:      # evaluated on the CPU (a graph captured on the meta device has values too)
+            kwargs["device"] = torch.device("cpu")
+        if missing:
+            return None
+        try:
+            env[op.outputs[0]] = env[op.node.name] = op.node.target(*args, **kwargs)
+        except Exception:       # noqa: BLE001 - an op that cannot run here is simply not constant
+            return None
+    val = env.get(t)
+    return val if isinstance(val, torch.Tensor) else None
+
+
+def _mask_pattern(g: "TensorGraph", mask: str, sq: int, skv: int, cache: dict) -> tuple[bool, int | None] | None:
+    """(causal, window) when the additive mask is provably 0 where key ``j`` is visible to query row ``i``
+    (at position ``i + skv - sq``: bottom-right aligned, as with a KV cache) and ``-inf`` elsewhere, with
+    ``j <= pos`` (causal) and ``pos - j < window`` (sliding window); (False, None) for an all-zero mask;
+    None when it is not constant or not of that form (it is then read)."""
+    if mask not in cache:
+        cache[mask] = classify_mask(constant_value(g, mask), sq, skv)
+    return cache[mask]
+
+
+def classify_mask(m: torch.Tensor | None, sq: int, skv: int) -> tuple[bool, int | None] | None:
+    """The (causal, window) pattern of a constant additive mask broadcast to [.., sq, skv] (see _mask_pattern)."""
+    if m is None or sq > skv or m.dim() < 1:
+        return None
+    m = m.detach()
+    while m.dim() > 2:
+        if m.shape[0] != 1:
+            return None
+        m = m[0]
+    if m.dim() == 1:
+        m = m[None]
+    if not (m.shape[0] in (1, sq) and m.shape[1] in (1, skv)):
+        return None
+    m = m.float().expand(sq, skv)
+    vis, hid = m == 0, m == float("-inf")
+    if not bool((vis | hid).all()):
+        return None
+    if bool(vis.all()):
+        return False, None
+    pos = torch.arange(sq, device=m.device)[:, None] + (skv - sq)
+    j = torch.arange(skv, device=m.device)[None, :]
+    window = int(vis.sum(1).max())
+    window = None if window >= skv else window
+    want = j <= pos
+    if window is not None:
+        want = want & (pos - j < window)
+    return (True, window) if bool((want == vis).all()) else None
 
 
 def match_sdpa(g: "TensorGraph", op: "OpNode") -> Group | None:
@@ -366,6 +525,7 @@ def fuse(g: "TensorGraph", prologues: bool = False) -> dict[str, Group]:
     """Group ``g``'s ops into kernels; sets ``op.kernel`` and returns the groups by name."""
     groups: dict[str, Group] = {}
     claimed: set[str] = set()
+    masks: dict = {}
 
     def claim(gr: Group) -> None:
         groups[gr.name] = gr
@@ -374,7 +534,7 @@ def fuse(g: "TensorGraph", prologues: bool = False) -> dict[str, Group]:
     for op in list(g.ops.values()):
         if op.name in claimed or op.kind != "compute":
             continue
-        gr = match_attention(g, op) or match_rmsnorm(g, op) or match_sdpa(g, op) or match_layernorm(g, op)
+        gr = match_attention(g, op, masks) or match_rmsnorm(g, op) or match_sdpa(g, op) or match_layernorm(g, op)
         if gr is not None and not (set(gr.ops) & claimed):
             claim(gr)
 

@@ -60,8 +60,11 @@ def check_name(impl: str) -> str:
 def library_op(graph: "TensorGraph", group: Group):
     """The group's product op that a library kernel replaces (None: no library kernel for this group)."""
     if group.kind == ATTENTION:
-        if group.info.get("softcap") is not None:
-            return None          # SDPA has no soft-capping
+        i = group.info
+        if i.get("softcap") is not None or i.get("window") is not None or i.get("mask") is not None:
+            return None          # SDPA has no soft-capping, no sliding window; a matched mask is not passed to it
+        if i.get("causal") and not i.get("sdpa") and graph.tensors[i["q"]].shape[-2] != graph.tensors[i["v"]].shape[-2]:
+            return None          # SDPA's is_causal is top-left aligned, the matched mask's bottom-right
         return graph.ops[group.ops[0]]
     if group.kind not in (MATMUL, CONV):
         return None

@@ -44,7 +44,7 @@ def attn_kernel(@params@, ws_o, ws_m, ws_l, kvlen_ptr,
                 BLOCK_N: tl.constexpr, BLOCK_MQ: tl.constexpr, ROWS: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     @@prologue
-    pid_m = tl.program_id(0)
+    pid_m = @PIDM@
     pid_bh = tl.program_id(1)
     pid_s = tl.program_id(2)
     b = pid_bh // @HG@
@@ -283,7 +283,10 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         for io in ios.values():
             params += io.params()
             prologue += io.prologue()
-        src = render(_MAIN, params=params, prologue=prologue, HG=str(HG), G=str(G), SQ=str(SQ),
+        # causal: the longest row blocks (the last, which see the most keys) first, so that the short ones
+        # fill the tail of the grid instead of leaving SMs idle behind a long one (FlashAttention 2's order)
+        pidm = f"{n_mblk - 1} - tl.program_id(0)" if causal and n_mblk > 1 else "tl.program_id(0)"
+        src = render(_MAIN, params=params, prologue=prologue, PIDM=pidm, HG=str(HG), G=str(G), SQ=str(SQ),
                      CHUNK=str(chunk), kvlen=[kvlen_code], bounds=bounds, load_q=load_q, load_k=load_k,
                      load_v=load_v, SCALE=repr(scale), softcap=soft, mask=mlines, PDT=pdt, store=store,
                      DOT=ieee if qdt == "tl.float32" else "", DOTV=ieee if pdt == "tl.float32" else "")
