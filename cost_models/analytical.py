@@ -43,7 +43,7 @@ experiments.calibrate --from-db``), all constants in :mod:`cost_models.hardware`
   ``library/gather`` efficiency;
 * **split-K** (``split_k=True``, the default): a Triton GEMM is priced at the better of
   the tiled kernel and each split-K configuration that
-  :func:`vtcsearch.codegen.kernels.gemm.split_configs` offers its autotuner (``SPLIT``
+  :func:`vtcsearch.codegen.split_k.split_configs` offers its autotuner (``SPLIT``
   times the programs, a ``SPLIT`` times shorter K loop, the fp32 partials written and
   read back, one more launch for the reduce).  ``split_k=False`` prices the tiled
   kernel only: the model that calibration data measured before split-K was fitted to.
@@ -54,7 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vtcsearch.codegen.kernels.gemm import split_configs
+from vtcsearch.codegen.split_k import split_configs
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_operands, needs_copy, \
     strided_view_strides
 

@@ -7,6 +7,7 @@ Every import counts: module-level, function-level (lazy), under ``TYPE_CHECKING`
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import networkx as nx
@@ -146,3 +147,16 @@ def test_no_core_class_is_subclassed_above_the_core():
     bad = sorted(core_subclasses())
     assert not bad, f"core classes subclassed above the core (use a hook on the core class): {bad}"
 
+
+
+def test_the_runner_and_the_cost_models_leave_triton_unloaded():
+    """On a CPU the runner switches Triton's interpreter on before any kernel module loads; so importing the
+    runner, the cost models and the solvers must not import the kernels (or triton.language) on the way."""
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    code = ("import sys, vtcsearch.run, vtcsearch.api, cost_models, solvers, cost_models.analytical; "
+            "bad = [m for m in ('vtcsearch.codegen.kernels', 'triton.language') if m in sys.modules]; "
+            "print(bad); sys.exit(1 if bad else 0)")
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
