@@ -176,17 +176,13 @@ class Executable:
 
     def operand(self, t: str) -> Operand:
         """Tensor ``t`` as kernels see it: its resolved map over the storages."""
+        m = self.strategy.resolve(t)
+        # looked up on every use, cached or not: storage() records the binding for the memory plan's check
+        storages = {s: self.storage(s) for s in m.targets()}
+        tables = {tb: self.index_tensor(tb) for tb in m.tables()}
         op = self._operands.get(t)
         if op is None:
-            m = self.strategy.resolve(t)
-            op = Operand(m, {s: self.storage(s) for s in m.targets()}, tables={tb: self.index_tensor(tb) for tb in m.tables()},
-                         dtype=self.graph.tensors[t].dtype)
-            self._operands[t] = op
-        else:
-            m = self.strategy.resolve(t)
-            self.arena.touched(m.targets())
-            for tb in m.tables():
-                self.index_tensor(tb)
+            op = self._operands[t] = Operand(m, storages, tables=tables, dtype=self.graph.tensors[t].dtype)
         return op
 
     def index_tensor(self, name: str) -> torch.Tensor:
