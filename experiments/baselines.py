@@ -33,7 +33,8 @@ REFERENCE_BASELINES = ("handwritten_compiled",)
 # kernel names that only move bytes (Inductor's fused clones/cats, ATen copies, cuDNN layout transforms)
 MOVEMENT_KERNEL = re.compile(
     r"copy|clone|cat|transpose|permute|index|gather|scatter|expand|repeat|split|slice|pad|nchwToNhwc|nhwcToNchw|"
-    r"shuffle|unfold|flip|roll|contiguous|elementwise_kernel.*direct_copy|CatArray", re.IGNORECASE)
+    r"shuffle|unfold|flip|roll|contiguous|stack|unsqueeze|squeeze|select|reshape|as_strided|narrow|alias|"
+    r"elementwise_kernel.*direct_copy|CatArray", re.IGNORECASE)
 COMPUTE_HINT = re.compile(r"gemm|matmul|mm_|_mm|bmm|conv|attention|attn|flash|sdpa|softmax|norm|cutlass|cublas|"
                           r"sm90|wgmma|xmma|fmha", re.IGNORECASE)
 
@@ -58,8 +59,27 @@ class Measurement:
         return asdict(self)
 
 
+# Inductor names a generated kernel after the ATen ops it fused (``triton_poi_fused__to_copy_add_mul_0``); one
+# arithmetic op among them makes it a compute kernel, whatever copies were fused into it
+INDUCTOR_KERNEL = re.compile(r"^triton_(?:poi|red|per|tem|for)_fused_(.*?)(?:_\d+)?$")
+ARITH_OP = re.compile(
+    r"(?:^|_)(?:add|sub|mul|div|neg|pow|rsqrt|sqrt|reciprocal|exp|exp2|log|log1p|tanh|sigmoid|silu|relu|gelu|"
+    r"hardswish|hardsigmoid|hardtanh|erf|sin|cos|abs|sign|clamp|minimum|maximum|max|min|amax|amin|mean|sum|var|"
+    r"prod|where|lt|le|gt|ge|eq|ne|logical|bitwise|remainder|fmod|floor|ceil|round|trunc|mm|addmm|bmm|baddbmm|"
+    r"convolution|softmax|norm|batch_norm|layer_norm|group_norm|leaky|elu|mish|softplus|lerp|addcmul|addcdiv|"
+    r"cumsum|argmax|argmin|sort|topk)(?=_|$)", re.IGNORECASE)
+
+
 def is_movement_kernel(name: str) -> bool:
-    """Classify a GPU kernel by name; compute hints win (a fused GEMM epilogue named '..._cat_...')."""
+    """Classify a GPU kernel by name; compute hints win (a fused GEMM epilogue named '..._cat_...').
+
+    An Inductor kernel is movement only when none of the ops it fused does arithmetic: a fused RMSNorm
+    (``..._to_copy_add_mean_mul_pow_rsqrt_0``) is compute, a fused ``clone``/``cat``/``_to_copy`` alone is
+    movement (a dtype cast is counted with the copies: it reads and writes every element and computes nothing
+    a consumer could not)."""
+    m = INDUCTOR_KERNEL.match(name)
+    if m is not None:
+        return not ARITH_OP.search(m.group(1)) and not COMPUTE_HINT.search(name) and bool(MOVEMENT_KERNEL.search(m.group(1)))
     return bool(MOVEMENT_KERNEL.search(name)) and not COMPUTE_HINT.search(name)
 
 

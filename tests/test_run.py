@@ -847,3 +847,27 @@ def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_fas
     assert bool(fast.strategy.edges) != none_faster
     for o, r in zip(fast(x, y), ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name, movement", [
+    ("triton_poi_fused_clone_0", True),                                  # Inductor: a fused copy only
+    ("triton_poi_fused_cat_3", True),
+    ("triton_poi_fused__to_copy_1", True),                               # a dtype cast alone
+    ("triton_poi_fused_index_copy_5", True),
+    ("triton_poi_fused_stack_6", True),
+    ("triton_poi_fused_constant_pad_nd_permute_12", True),
+    ("void at::native::elementwise_kernel<128, 2, direct_copy_kernel_cuda>", True),
+    ("triton_red_fused__to_copy_add_mean_mul_pow_rsqrt_2", False),      # RMSNorm with its casts: compute
+    ("triton_poi_fused__to_copy_add_mul_0", False),
+    ("triton_poi_fused_mul_silu_9", False),
+    ("triton_poi_fused_addmm_cat_2", False),
+    ("triton_tem_fused_mm_0", False),
+    ("triton_per_fused__softmax_4", False),
+    ("sm90_xmma_gemm_bf16bf16_bf16f32", False),
+])
+def test_movement_kernel_names(name: str, movement: bool) -> None:
+    """Figure 12's data-movement time comes from this classification: Inductor fuses copies into compute kernels
+    and names them after every op, so a name containing 'copy' is not enough."""
+    from experiments.baselines import is_movement_kernel
+
+    assert is_movement_kernel(name) is movement
