@@ -350,9 +350,24 @@ def test_inductor_runs_every_group_kind(case, chain):
     assert not im.reads_in_place(im.INDUCTOR, (4, 8), (0, 1))      # never writes through a broadcast
 
 
+class Shuffle(nn.Module):
+    """Two 1x1 convs with a channel shuffle between them (view, transpose, reshape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(4, 8, 1), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        y = self.a(x)
+        n, c, h, w = y.shape
+        return self.b(y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w))
+
+
 def test_inductor_regions_follow_the_virtual_tensors(chain):
-    """All physical: one region, the copying movement ops inside it and the folded weight transposes outside;
-    maximal: a group that reads a virtual view of the region's output starts a new region."""
+    """All physical: one region, the copying movement ops inside it and the folded weight transposes outside.
+    Maximal: the eliminated transposes and reshapes join the region as values (Inductor fuses across them).
+    A producer that writes through a map that is not a strided view (the first conv written through the
+    channel shuffle) ends its region: its output is scattered after the call."""
     from vtcsearch.codegen.inductor import regions
     from vtcsearch.codegen.realize import constant_tensors
     _, _, g, v = chain
@@ -361,20 +376,56 @@ def test_inductor_regions_follow_the_virtual_tensors(chain):
     inductor_runs = [r for r in runs if r[0] in g.groups]
     assert len(inductor_runs) == 1 and set(g.groups) <= set(inductor_runs[0])
     assert any(r[0] not in g.groups for r in inductor_runs[0])          # a copy absorbed into the region
-    runs = regions(g, all_inductor(g, maximal(v)), g.steps, const)
-    assert len([r for r in runs if r[0] in g.groups]) > 1
+    s = all_inductor(g, maximal(v))
+    runs = [r for r in regions(g, s, g.steps, const) if r[0] in g.groups]
+    assert len(runs) == 1 and set(g.groups) <= set(runs[0])
+    assert any(st not in g.groups and not s.residuals_of(st) for st in runs[0])   # an eliminated op inside
+
+    g2 = capture(Shuffle().eval(), (torch.randn(1, 4, 3, 3),))
+    v2 = build_vtog(g2)
+    assert [r for r in regions(g2, all_inductor(g2, maximal(v2)), g2.steps) if r[0] in g2.groups] == \
+        [[st for st in g2.steps if st in g2.groups or st in ("view", "transpose", "clone", "_unsafe_view")]]
+    through = Strategy(v2, [e.id for e in v2.edges if e.kind == "input_over_output"])   # conv -> shuffle map
+    through.validate()
+    assert not through.resolve("convolution").is_identity_layout()
+    runs = regions(g2, all_inductor(g2, through), g2.steps)
+    assert ["convolution"] in runs and len([r for r in runs if r[0] in g2.groups]) == 2
 
 
 @pytest.mark.parametrize("edges", ["none", "maximal"])
 def test_inductor_realization_equals_eager(chain, case, edges):
-    for m, inputs, g, v in (chain, case):
+    """Every group on Inductor, with and without virtual tensors (maximal: eliminated views inside regions,
+    written storages substituted for their virtual results)."""
+    shuffle = Shuffle().eval()
+    x = (torch.randn(1, 4, 3, 3),)
+    g2 = capture(shuffle, x)
+    for m, inputs, g, v in (chain, case, (shuffle, x, g2, build_vtog(g2))):
         s = all_inductor(g, Strategy(v, set()) if edges == "none" else maximal(v))
         exe = realize(g, s, m)
         assert {st.lowering for st in exe.steps if st.kind == "kernel"} == {"inductor"}
         with torch.no_grad():
             ref = m(*inputs)
-        for a, r in zip(exe(*inputs), ref):
+        ref = ref if isinstance(ref, tuple) else (ref,)
+        got = exe(*inputs)
+        assert len(got) == len(ref)
+        for a, r in zip(got, ref):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_inductor_region_writes_the_storage_behind_an_eliminated_result():
+    """The region ends on the eliminated channel shuffle that a Triton conv reads through its map: the region
+    writes the first conv's storage (in place), not the shuffled view through a scatter, and the result is
+    eager's."""
+    torch.manual_seed(0)
+    m, x = Shuffle().eval(), (torch.randn(1, 4, 3, 3),)
+    g = capture(m, x)
+    s = maximal(build_vtog(g))
+    s = s.set_implementations({n: im.INDUCTOR if n == "convolution" else im.TRITON for n in g.groups})
+    exe = realize(g, s, m)
+    (region,) = [st for st in exe.steps if st.lowering == "inductor"]
+    assert region.launch.note == "5 steps", region.launch.note       # no gather, no scatter
+    with torch.no_grad():
+        torch.testing.assert_close(exe(*x)[0], m(*x), rtol=1e-4, atol=1e-5)
 
 
 def test_analytical_prices_inductor_and_the_ilp_takes_it_when_cheaper(chain):

@@ -17,11 +17,12 @@ strides); any other is gathered into a dense buffer first, and an output that
 is not a strided view is written to a dense buffer and scattered after: the
 residual copies the oracles price, the same rule as the library kernels.
 
-:func:`regions` decides which consecutive inductor groups form one region: the
-tensors they pass each other must be physical (a virtual tensor is written
-through its map by its producer), and no group may read a storage that an
-earlier group of the region writes (the region's outputs are written when it
-ends).
+:func:`regions` decides which consecutive inductor groups form one region: each
+tensor they produce must be one Inductor can write in place (physical, or a
+strided view of one storage), and no group may read, through a map, a storage
+that an earlier group of the region writes (the region's outputs are written
+when it ends).  A movement op the strategy eliminates joins as a value op, so a
+reshape between a GEMM and its residual add does not cut Inductor's fusion.
 """
 from __future__ import annotations
 
@@ -32,13 +33,14 @@ import torch
 
 from ..core import implementation as im
 from ..core.graph import TensorGraph, kernel_io
+from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
 
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
-__all__ = ["MODE", "lower_inductor", "region_graph", "region_ops", "regions"]
+__all__ = ["MODE", "lower_inductor", "region_graph", "region_io", "region_ops", "regions"]
 
 aten = torch.ops.aten
 
@@ -104,6 +106,23 @@ def region_ops(graph: TensorGraph, steps: Sequence[str]) -> list[str]:
     return [o for st in steps for o in (graph.groups[st].ops if st in graph.groups else [st])]
 
 
+def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) of a region.  An eliminated movement op inside it writes nothing: where a reader
+    outside needs its (virtual) result, the region writes the tensors whose storages that result maps into."""
+    g = ctx.graph
+    ops = region_ops(g, steps)
+    ins, outs = kernel_io(g, ops)
+    produced = {t for o in ops for t in g.ops[o].outputs}
+    eliminated = {t for st in steps if st not in g.groups for t in g.ops[st].outputs   # (a copy's is its own)
+                  if ctx.operand(t).map.targets() != {t}}
+    kept: list[str] = []
+    for t in outs:
+        for u in (sorted(ctx.operand(t).map.targets()) if t in eliminated else [t]):
+            if u not in kept and (u == t or u in produced):
+                kept.append(u)
+    return ins, kept
+
+
 def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Launch:
     """``steps`` (one group, or a region :func:`regions` formed) as one Inductor-compiled call on strided
     operands."""
@@ -112,7 +131,7 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         if st in g.groups and not im.inductor_can_run(g, g.groups[st]):
             raise ValueError(f"group {st} ({g.groups[st].kind}) has an op Inductor cannot compile")
     ops = region_ops(g, steps)
-    ins, outs = kernel_io(g, ops)
+    ins, outs = region_io(ctx, steps)
     pre, post, args = [], [], []
     for t in ins:
         x, gather = _read(ctx, t)
@@ -143,10 +162,14 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
     return launch
 
 
-def _physical(strategy: "Strategy", t: str) -> bool:
-    """``t`` lives in its own storage, laid out as itself."""
+def _in_place(strategy: "Strategy", t: str) -> bool:
+    """Inductor writes ``t`` straight into memory: it lives in its own storage, laid out as itself, or its map
+    is a strided view of one storage (a reshape, a transpose, a slice of a concatenation)."""
     m = strategy.resolve(t)
-    return m.targets() == {t} and m.is_identity_layout()
+    if m.targets() == {t} and m.is_identity_layout():
+        return True
+    strides = {s: contiguous_strides(m.target_shapes[s]) for s in m.targets()}
+    return not m.tables() and not im.needs_copy(im.INDUCTOR, m, strides)
 
 
 def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
@@ -154,17 +177,17 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     """The schedule ``steps`` cut into runs: consecutive inductor groups (and the copying movement ops between
     them) form one region; every other step is a run of its own.
 
-    A step joins the open region when every tensor it produces is physical (a
-    virtual one is written through its map by its producer, and Inductor writes
-    values, not maps), and none of its inputs is a tensor other than the
-    region's own values that lives in a storage the region writes: the region's
-    outputs are written when its call ends, so a later step must not read them
-    through a map.  A movement op joins only when it copies (the strategy keeps
-    its output physical) and reads nothing but the region's values: Inductor then
-    makes the copy, usually fused away.  An eliminated movement op emits nothing,
-    and one of ``constants`` only (a weight's transpose, folded at build) runs
-    once: neither cuts a region; a step that reads an eliminated op's virtual
-    output through a region's storage is cut by the rule above.
+    A step joins the open region when Inductor can write every tensor it produces in place (physical, or
+    virtual with a map that is a strided view of one storage: a scattered one is written through a dense
+    buffer after the call, so it ends the region), and none of its inputs is a tensor other than the region's
+    own values that lives in a storage the region writes: the region's outputs are written when its call
+    ends, so a later step must not read them through a map.  A movement op joins when it copies (the strategy
+    keeps its output physical) and reads nothing but the region's values: Inductor then makes the copy,
+    usually fused away.  An eliminated movement op emits nothing; it joins as a value op when it reads only
+    the region's values (a later group then reads its result from the region, not through the storage), and
+    the region writes whatever storage its result maps into where a later step reads it
+    (:func:`region_io`).  A movement op over ``constants`` only (a weight's transpose, folded at build) runs
+    once and does not cut a region.
     """
     constants = set(constants)
     out: list[list[str]] = []
@@ -175,15 +198,21 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
         gr = graph.groups.get(name)
         is_inductor = gr is not None and strategy.implementation(name) == im.INDUCTOR
         if gr is None and not strategy.residuals_of(name):
-            continue                                   # an eliminated movement op: nothing runs
+            # an eliminated movement op: nothing runs.  Inside a region that computes its inputs it joins as a
+            # value op (a view in the FX graph), so a later group reads its result from the region instead of
+            # through a storage the region writes: Linear's reshapes no longer cut a GEMM from its epilogue
+            if region is not None and all(t in values for t in graph.ops[name].inputs):
+                region.append(name)
+                values |= set(graph.ops[name].outputs)
+            continue
         if gr is None and all(t in constants for t in graph.ops[name].inputs):
             out.append([name])                         # folded once at build: no step at run time
             continue
         ops = gr.ops if gr is not None else [name]
         ins, produced = kernel_io(graph, ops)
-        physical = all(_physical(strategy, t) for o in ops for t in graph.ops[o].outputs)
+        in_place = all(_in_place(strategy, t) for o in ops for t in graph.ops[o].outputs)
         foreign = {s for t in ins if t not in values for s in strategy.resolve(t).targets()}
-        if region is not None and physical and not (foreign & writes) and \
+        if region is not None and in_place and not (foreign & writes) and \
                 (is_inductor or (gr is None and all(t in values for t in ins))):
             region.append(name)
         elif not is_inductor:
@@ -196,6 +225,6 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             writes, values = set(), set()
         writes |= {s for t in produced for s in strategy.resolve(t).targets()}
         values |= {t for o in ops for t in graph.ops[o].outputs}
-        if not physical:
+        if not in_place:
             region = None
     return out
