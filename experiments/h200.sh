@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # What runs on the H200 (one call of at most 10 minutes each): the GPU tests, then runner configs.
 #   bash experiments/h200.sh tests|CONFIG [OUT]      (CONFIG: a configs/*.yaml stem, run by python -m vtcsearch.run)
+#   bash experiments/h200.sh pieces OUT "CONFIG|RUNNER ARGS" ...   (several --append runs in one call)
 # The machine has no network: OR-Tools and Optuna (with protobuf, immutabledict, sqlalchemy, greenlet, alembic,
 # mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`.
 set -uo pipefail
@@ -18,6 +19,19 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --fo
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
 case "${1:-tests}" in
   tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
+  pieces)  # runner pieces until the call's deadline, each merged into its folder with --append:
+           #   bash experiments/h200.sh pieces OUT "zoo|--cases tv_resnet50 --batch 16 --solvers none,ilp" ...
+           # a piece that cannot start with 60 s left is skipped (and said so); every folder comes back as a tarball
+    shift 2
+    for piece in "$@"; do
+      cfg=${piece%%|*}; args=${piece#*|}; left=$(( ${CALL_S:-570} - SECONDS ))
+      [ "$left" -lt 60 ] && { echo "skipped (no time): $piece"; continue; }
+      RES=$(python3 -c "from vtcsearch.config import load_config; print(load_config('configs/$cfg.yaml').output)")
+      timeout "$left" python3 -m vtcsearch.run "configs/$cfg.yaml" $args --append >> "$OUT/$cfg.log" 2>&1
+      echo "rc $? at ${SECONDS}s: $piece"
+      grep -E "^   (vtc_|compile|eager|handwritten)|numerics vs|Error" "$OUT/$cfg.log" | tail -8
+      tar czf "$OUT/$cfg.tgz" "$RES"
+    done ;;
   *)       # a runner config, exactly as a user types it: bash experiments/h200.sh llama|vision_blocks|yolo11|...
            # RUNNER_ARGS are passed on (e.g. "--batch 16 --append" to run a config in pieces of < 10 minutes);
            # the output folder comes back as a tarball
