@@ -23,6 +23,8 @@ search's pick, chosen before anything was measured), not the fastest of its meas
 """
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 import argparse
 import json
 import math
@@ -123,6 +125,10 @@ def _record(s: dict[str, Any], name: str, wl: str | None, case: dict[str, Any],
             "model_bytes": case.get("model_bytes")}
 
 
+# the strongest torch.compile baselines (issue 15): a speedup over anything weaker is reported as such
+STRONGEST = ("compile_max_autotune", "compile_max_autotune_graph")
+
+
 def missing_cases(recs: list[dict[str, Any]]) -> list[str]:
     """The expected cases (:data:`EXPECTED`) with no measured vtcsearch and best-baseline latency, and why."""
     have = {(r["name"], r["case"], r["batch"]): r for r in recs}
@@ -139,6 +145,14 @@ def missing_cases(recs: list[dict[str, Any]]) -> list[str]:
         elif r["vtc"] is None or r["best_base"] is None:
             out.append(f"{what}: no measured {'vtcsearch strategy' if r['vtc'] is None else 'baseline'}")
     return out
+
+
+def weak_baselines(recs: list[dict[str, Any]]) -> list[str]:
+    """Measured cases whose best baseline is not one of the :data:`STRONGEST`: their speedup is an upper bound."""
+    return [f"{r['model']} bs{r['batch']}: torch.compile max-autotune not measured; the speedup is over "
+            f"{r['best_base']['variant']} only" for r in recs
+            if r["measured"] and r["vtc"] is not None and r["best_base"] is not None
+            and not any(x["variant"] in STRONGEST and _ok(x) for x in r["rows"])]
 
 
 # ---------------------------------------------------------------------------
@@ -274,12 +288,15 @@ def _md(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> str:
     return head + body
 
 
-def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h) -> str:
+def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR") -> str:
     """report.md: each table beside the paper's headline numbers."""
     p = PAPER
     pct = lambda x: _f(None if x is None else 100 * x, ".1f") + ("%" if x is not None else "")  # noqa: E731
     lines = ["# Whole models: the paper's Figure 11, Table 1 and Figure 12\n",
-             "Folders: " + ", ".join(f"`{f}`" for f in dict.fromkeys(r["folder"] for r in recs)) + "\n"]
+             "Folders: " + ", ".join(f"`{f}`" for f in dict.fromkeys(r["folder"] for r in recs)) + "\n",
+             f"Command: `python -m vtcsearch.evaluation {' '.join(dict.fromkeys(r['folder'] for r in recs))} --out "
+             f"{out}`, {datetime.now(timezone.utc).isoformat(timespec='seconds')}; every number is read from those "
+             f"folders, whose report.md gives each run's command, machine and date.\n"]
     lines.append("## Headline numbers\n")
     lines.append("| | paper | here |\n|---|---|---|\n"
                  f"| max speedup over the best baseline | {p['speedup_max']:.2f}x | {_f(h['speedup_max'], '.2f')} |\n"
@@ -389,6 +406,7 @@ def evaluate(folders: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     import pandas as pd
     out = Path(out)
     recs, notes = collect(load_folders(folders))
+    notes = notes + weak_baselines(recs)
     recs.sort(key=lambda r: (next((i for i, e in enumerate(EXPECTED) if e[:2] == (r["name"], r["case"])),
                                   len(EXPECTED)), r["model"], r["batch"]))
     f11, t1, f12, ct, mo = figure11(recs), table1(recs), figure12(recs), compile_times(recs), memory_objective(recs)
@@ -399,7 +417,7 @@ def evaluate(folders: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
         with atomic_path(out / f"{name}.csv") as tmp:
             pd.DataFrame(rows).to_csv(tmp, index=False)
     write_plots(out, f11, t1, f12)
-    write_text(out / "report.md", markdown(recs, f11, t1, f12, ct, mo, notes, missing, h))
+    write_text(out / "report.md", markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, str(out)))
     return {**tables, "headline": h, "missing": missing, "notes": notes}
 
 
