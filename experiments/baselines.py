@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from vtcsearch.codegen.timing import bench, warm_side_stream
+from vtcsearch.codegen.timing import bench, warm_streams
 
 BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph",
              "handwritten_compiled")
@@ -162,7 +162,7 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
         cuda = torch.cuda.is_available()
         if cuda:
             gc.collect()   # an earlier variant's garbage (its private model copy) freed mid-build would count
-            warm_side_stream()   # cuBLAS's per-stream workspace is the process's, not this variant's
+            warm_streams()   # cuBLAS's per-stream workspaces are the process's, not this variant's
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
         with torch.no_grad():

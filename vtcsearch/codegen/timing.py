@@ -59,18 +59,22 @@ def side_stream() -> Any:
     return _SIDE_STREAM
 
 
-def warm_side_stream() -> None:
-    """Allocate the side stream's library workspaces now (a tiny cuBLAS / cuBLASLt call on it), so that memory
-    measured around a variant's build does not count them."""
+def warm_streams() -> None:
+    """Allocate the library workspaces of the current stream and of the side stream now (a tiny cuBLAS /
+    cuBLASLt call on each), so that memory measured around a variant's build counts neither: builds run on
+    the current stream (Inductor's autotuning, a realization's first pass), captures on the side stream, and
+    whichever variant first called cuBLAS on a stream was charged its 32 MiB workspaces."""
     import torch
-    s = side_stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for dt in (torch.float16, torch.bfloat16, torch.float32):
-            a = torch.ones(8, 8, device="cuda", dtype=dt)
-            torch.mm(a, a)
-            torch.addmm(a[0], a, a)
-    torch.cuda.current_stream().wait_stream(s)
+    cur, s = torch.cuda.current_stream(), side_stream()
+    for stream in (cur, s):
+        stream.wait_stream(cur)
+        with torch.cuda.stream(stream):
+            for dt in (torch.float16, torch.bfloat16, torch.float32):
+                a = torch.ones(8, 8, device="cuda", dtype=dt)
+                torch.mm(a, a)
+                torch.addmm(a[0], a, a)
+                torch.bmm(a[None], a[None])
+        cur.wait_stream(stream)
     torch.cuda.synchronize()
 
 
