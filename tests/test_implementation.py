@@ -472,6 +472,13 @@ def test_inductor_decode_layer_updates_the_kv_cache_like_eager():
     fast = vtcsearch.compile(m, w.example_inputs, solver="none", implementations=("inductor", "library", "triton"))
     assert set(fast.strategy.impl.values()) == {im.INDUCTOR}
     assert any(st.lowering == "inductor" and len(st.launch.steps) > 5 for st in fast.executable.steps)
+    # the KV-cache slices and scatters read the cache buffers inside the region: no copy of a cache outside it
+    g = fast.graph
+    (region,) = [st for st in fast.executable.steps if st.lowering == "inductor"]
+    assert [o for o in region.launch.steps if o not in g.groups
+            and any(g.tensors[t].mutable for t in g.ops[o].inputs)], "no cache read inside the region"
+    assert not [st for st in fast.executable.steps if st.kind == "copy"
+                and any(g.tensors[t].mutable for t in g.ops[st.name].inputs)]
     out = fast(*w.example_inputs)
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, ref, rtol=1e-4, atol=1e-5)
     for n, b in m.named_buffers():

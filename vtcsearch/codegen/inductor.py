@@ -178,16 +178,16 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     them) form one region; every other step is a run of its own.
 
     A step joins the open region when Inductor can write every tensor it produces in place (physical, or
-    virtual with a map that is a strided view of one storage: a scattered one is written through a dense
-    buffer after the call, so it ends the region), and none of its inputs is a tensor other than the region's
-    own values that lives in a storage the region writes: the region's outputs are written when its call
-    ends, so a later step must not read them through a map.  A movement op joins when it copies (the strategy
-    keeps its output physical) and reads nothing but the region's values: Inductor then makes the copy,
-    usually fused away.  An eliminated movement op emits nothing; it joins as a value op when it reads only
-    the region's values (a later group then reads its result from the region, not through the storage), and
-    the region writes whatever storage its result maps into where a later step reads it
-    (:func:`region_io`).  A movement op over ``constants`` only (a weight's transpose, folded at build) runs
-    once and does not cut a region.
+    virtual with a map that is a strided view of one storage: a scattered one is written through a dense buffer
+    after the call, so it ends the region), and none of its inputs is a tensor other than the region's own
+    values that lives in a storage the region writes: the region's outputs are written when its call ends, so a
+    later step must not read them through a map.  A movement op joins when it copies (the strategy keeps its
+    output physical), under the same rule for what it reads: Inductor then makes the copy, usually fused away
+    (a KV cache broadcast over GQA heads becomes an indexed read, not a copy of the cache).  An eliminated
+    movement op emits nothing; it joins as a value op when it reads only the region's values (a later group
+    then reads its result from the region, not through the storage), and the region writes whatever storage its
+    result maps into where a later step reads it (:func:`region_io`).  A movement op over ``constants`` only (a
+    weight's transpose, folded at build) runs once and does not cut a region.
     """
     constants = set(constants)
     out: list[list[str]] = []
@@ -201,7 +201,8 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             # an eliminated movement op: nothing runs.  Inside a region that computes its inputs it joins as a
             # value op (a view in the FX graph), so a later group reads its result from the region instead of
             # through a storage the region writes: Linear's reshapes no longer cut a GEMM from its epilogue
-            if region is not None and all(t in values for t in graph.ops[name].inputs):
+            if region is not None and graph.ops[name].node is not None and \
+                    all(t in values for t in graph.ops[name].inputs):
                 region.append(name)
                 values |= set(graph.ops[name].outputs)
             continue
@@ -213,7 +214,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
         in_place = all(_in_place(strategy, t) for o in ops for t in graph.ops[o].outputs)
         foreign = {s for t in ins if t not in values for s in strategy.resolve(t).targets()}
         if region is not None and in_place and not (foreign & writes) and \
-                (is_inductor or (gr is None and all(t in values for t in ins))):
+                (is_inductor or (gr is None and graph.ops[name].node is not None)):
             region.append(name)
         elif not is_inductor:
             out.append([name])
