@@ -428,6 +428,29 @@ def test_inductor_region_writes_the_storage_behind_an_eliminated_result():
         torch.testing.assert_close(exe(*x)[0], m(*x), rtol=1e-4, atol=1e-5)
 
 
+class Gather(nn.Module):
+    """Indices computed in the graph, a gather through them, and a product that reads the gather."""
+
+    def forward(self, x):
+        idx = torch.arange(8, device=x.device) * 2 + 1
+        return (x + 1)[idx] * 3
+
+
+def test_inductor_region_writes_the_index_table_of_an_eliminated_gather():
+    """The gather is eliminated inside the region; the Triton product reads it through its map, which looks
+    its indices up in a tensor the region computes: the region must write that index table as well (it
+    did not, and the product read an unwritten table: transformers' mask indexing got 0.5 errors)."""
+    torch.manual_seed(0)
+    m, x = Gather().eval(), (torch.randn(16),)
+    g = capture(m, x)
+    s = maximal(build_vtog(g))
+    assert "index" in s.virtual
+    last = g.steps[-1]
+    s = s.set_implementations({n: im.TRITON if n == last else im.INDUCTOR for n in g.groups})
+    exe = realize(g, s, m)
+    torch.testing.assert_close(exe(*x)[0], m(*x))
+
+
 def test_analytical_prices_inductor_and_the_ilp_takes_it_when_cheaper(chain):
     """With Inductor's efficiency above the Triton template's, vtc_none runs every group under Inductor; a
     virtual operand costs it a gather."""

@@ -36,6 +36,7 @@ from ..core.graph import TensorGraph, kernel_io
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
+from .memory import storages_of
 
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
@@ -106,9 +107,17 @@ def region_ops(graph: TensorGraph, steps: Sequence[str]) -> list[str]:
     return [o for st in steps for o in (graph.groups[st].ops if st in graph.groups else [st])]
 
 
+def _touched(ctx: Context, t: str) -> set[str]:
+    """The storages ``t``'s map reads: its targets and the storages of its index tables (a gather's indices)."""
+    m = ctx.operand(t).map
+    return set(m.targets()).union(*(ctx.operand(tb).map.targets() for tb in m.tables()))
+
+
 def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]:
     """(inputs, outputs) of a region.  An eliminated movement op inside it writes nothing: where a reader
-    outside needs its (virtual) result, the region writes the tensors whose storages that result maps into."""
+    outside needs its (virtual) result, the region writes the tensors of the region that own the storages
+    that result's map reads (its index tables too), or the result through its map where no tensor of the
+    region owns them."""
     g = ctx.graph
     ops = region_ops(g, steps)
     ins, outs = kernel_io(g, ops)
@@ -117,9 +126,12 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
                   if ctx.operand(t).map.targets() != {t}}
     kept: list[str] = []
     for t in outs:
-        for u in (sorted(ctx.operand(t).map.targets()) if t in eliminated else [t]):
-            if u not in kept and (u == t or u in produced):
-                kept.append(u)
+        # the tensor owning a storage holds all of it: writing its value writes what ``t`` maps to; a storage
+        # nothing in the region owns (a later tensor's, a cache buffer) is written through ``t``'s own map
+        for u in (sorted(_touched(ctx, t)) if t in eliminated else [t]):
+            w = u if u == t or u in produced else t
+            if w not in kept:
+                kept.append(w)
     return ins, kept
 
 
@@ -212,7 +224,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
         ops = gr.ops if gr is not None else [name]
         ins, produced = kernel_io(graph, ops)
         in_place = all(_in_place(strategy, t) for o in ops for t in graph.ops[o].outputs)
-        foreign = {s for t in ins if t not in values for s in strategy.resolve(t).targets()}
+        foreign = {s for t in ins if t not in values for s in storages_of(strategy, t)}
         if region is not None and in_place and not (foreign & writes) and \
                 (is_inductor or (gr is None and graph.ops[name].node is not None)):
             region.append(name)

@@ -29,12 +29,12 @@ from ..core.graph import TensorGraph, kernel_io
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
-__all__ = ["Arena", "Plan", "plan"]
+__all__ = ["Arena", "Plan", "plan", "storages_of", "step_access"]
 
 ALIGN = 128   # bytes: blocks start aligned for any dtype and 16-byte vector loads
 
 
-def _storages(strategy: "Strategy", t: str) -> set[str]:
+def storages_of(strategy: "Strategy", t: str) -> set[str]:
     """The storages tensor ``t``'s resolved map touches, index tables included."""
     m = strategy.resolve(t)
     out = set(m.targets())
@@ -52,7 +52,7 @@ def step_access(graph: TensorGraph, strategy: "Strategy", run: Sequence[str]) ->
         ops = [o for st in run for o in (graph.groups[st].ops if st in graph.groups else [st])]
         ins, outs = kernel_io(graph, ops)
         for t in ins:
-            reads |= _storages(strategy, t)
+            reads |= storages_of(strategy, t)
         for t in outs:
             m = strategy.resolve(t)
             writes |= set(m.targets())
