@@ -284,7 +284,7 @@ class NumericsCopy:
             workload = build_workload(ctx.cfg.workload.name, size=size, batch=batch, device=device, dtype=dtype,
                                       **params)
             with quiet_warnings():
-                graph = capture(workload.model, workload.example_inputs)
+                graph = capture(workload.model, workload.example_inputs, hfuse=ctx.cfg.hfuse)
             if ctx.cfg.prologues:
                 fuse_graph(graph, prologues=True)
             vtog = build_vtog(graph)
@@ -431,7 +431,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     ctx.stage = "capture"
     t0 = time.perf_counter()
     with quiet_warnings():
-        graph = capture(w.model, w.example_inputs)      # torch.export on fake tensors, then fusion
+        graph = capture(w.model, w.example_inputs, hfuse=cfg.hfuse)   # torch.export on fake tensors, then fusion
     if cfg.prologues:
         fuse_graph(graph, prologues=True)
     t_capture = time.perf_counter() - t0
