@@ -112,7 +112,7 @@ def _member(n: torch.fx.Node, consts: dict[str, torch.Tensor]) -> tuple[_Member 
         return None, f"{n.name}: B reaches its value through {getattr(b.target, '__name__', b.target)}, " \
                      "not a constant weight or its transpose"
     if w.name not in consts:
-        return None, f"{n.name}: non-constant B ({w.name} is an input or a buffer the program writes)"
+        return None, f"{n.name}: non-constant B ({w.name} is a user input or a buffer the program writes)"
     bias = None
     if bpos is not None:
         bn = n.args[bpos]
