@@ -946,6 +946,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--implementations", default=None,
                     help="comma-separated kernel implementations the search may choose (triton,library,inductor); "
                          "sets oracle_options.implementations")
+    ap.add_argument("--hfuse", action="store_true",
+                    help="merge GEMMs that read the same activation with constant weights (sets the config's hfuse)")
+    ap.add_argument("--prologues", action="store_true",
+                    help="fold a row norm into the decode GEMM that reads it (sets the config's prologues)")
     ap.add_argument("--quick", action="store_true",
                     help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "
                          f"skip {', '.join(QUICK_SKIPS)}")
@@ -997,6 +1001,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep = [labels[c] for c in dict.fromkeys(want)]
             own = [w.case_batch_sizes[i] if i < len(w.case_batch_sizes) else None for i in keep]
             w.cases, w.case_batch_sizes = [w.cases[i] for i in keep], own
+        cfg.hfuse = cfg.hfuse or args.hfuse
+        cfg.prologues = cfg.prologues or args.prologues
         if args.batch is not None:
             if any(b < 1 for b in args.batch):
                 raise ConfigError("--batch: batch sizes must be >= 1")
