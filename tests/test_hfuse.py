@@ -234,6 +234,19 @@ def test_auto_keeps_the_graph_the_oracle_prices_lower():
         search_fusions(w.model, w.example_inputs, search, oracle, hfuse="yes")
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 16])
+def test_llama_8b_decode_layer_hfuse_numerics_gpu(batch):
+    """Fused vs unfused vs eager for the transformers Llama 3 8B decode layer, bf16, on the GPU."""
+    w = _hf(torch.bfloat16, batch=batch, device="cuda", size="full")
+    ref = _eager(w)
+    fused, c = _run(w, solver="ilp", hfuse=True)
+    unfused, _ = _run(w, solver="ilp")
+    assert c.graph.hfuse.fused
+    torch.testing.assert_close(fused, ref, rtol=2e-2, atol=3e-2)
+    torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=3e-2)
+
+
 def test_config_key():
     from vtcsearch.config import ConfigError, config_from_dict
     base = {"workload": {"name": "llama3", "size": "tiny", "params": {"part": "layer", "phase": "decode"}},

@@ -6,7 +6,9 @@ Decompositions bring the graph to core ATen, except for the data movement ops
 the registry knows, which are kept whole so each stays one VTOG op.  Buffers
 the module mutates (a KV cache) come back from export as extra outputs; they
 become *writeback* movement ops into the buffer's own storage, which a strategy
-can make free by updating the cache in place.
+can make free by updating the cache in place.  With ``hfuse`` the exported program is
+first rewritten by :func:`vtcsearch.core.hfuse.horizontal_fuse` (GEMMs of one activation with
+constant weights merged), so the graph built here is the merged one.
 """
 from __future__ import annotations
 
