@@ -32,10 +32,10 @@ and normalises its A tiles while loading them, so the norm's output never exists
 memory.  A norm read by several GEMMs (Llama's gate and up projections) stays apart:
 it is not recomputed per consumer -- unless capture merged those GEMMs first
 (``capture(..., hfuse=True)``, :mod:`vtcsearch.core.hfuse`): GEMMs reading the same A with
-constant weights become one GEMM over the concatenated weights plus a slice per original
-output, so the norm then has one GEMM consumer and folds into it.  That rewrite happens on
+constant weights become one GEMM over the concatenated weights, split into the original
+outputs, so the norm then has one GEMM consumer and folds into it.  That rewrite happens on
 the exported program, before fusion; here the merged GEMM is an ordinary ``matmul`` group
-and its slices ordinary movement ops (VTOG opportunities).
+and its split an ordinary movement op (a VTOG opportunity).
 
 Movement ops inside a group are *absorbed*: the kernel does their index
 arithmetic, so they are not VTOG opportunities and never copy.  Only a movement

@@ -9,13 +9,15 @@ computed in a GEMM prologue (:func:`vtcsearch.core.fusion.prologue_target`).
 builds the :class:`~vtcsearch.core.graph.TensorGraph`, so everything downstream sees an ordinary graph):
 
     mm(view(x), t(Wq)), mm(view(x), t(Wk)), mm(view(x), t(Wv))
-      -> y = mm(view(x), t(Wqkv));  slice(y, -1, 0, Nq), slice(y, -1, Nq, Nq+Nk), slice(y, -1, Nq+Nk, N)
+      -> q, k, v = split_with_sizes(mm(view(x), t(Wqkv)), [Nq, Nk, Nv], -1)
 
 ``Wqkv`` (and the biases of ``addmm``, concatenated the same way) is a new *constant* input of the
 program: concatenated once, at capture, from the weights' values (for a model on the meta device, a meta
-tensor), never per call; the original weights leave the program when nothing else reads them.  The slices
-are ordinary movement ops, so the VTOG and the search may make them virtual (consumers read through the
-slice map) like any other.  Nothing is model-specific: any ``mm`` / ``addmm`` / ``bmm`` group that reads
+tensor), never per call; the original weights leave the program when nothing else reads them.  The split
+is an ordinary movement op, so the VTOG and the search choose for it like any other: each piece virtual
+over the product (consumers read through the slice map), or the product virtual over the pieces (the GEMM
+writes each piece where it goes, V straight into a KV cache).  A split rather than separate slices: slices
+give only the first choice, and V's cache write then costs a copy.  Nothing is model-specific: any ``mm`` / ``addmm`` / ``bmm`` group that reads
 the same A (the same tensor through the same views) with constant B operands of the same K, dtype and
 layout fuses; every GEMM of a shared A left apart gets a one-line reason.
 
@@ -24,6 +26,7 @@ with any folded constant).
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,8 +147,8 @@ def _why_apart(sig: tuple, want: tuple, name: str) -> str:
 
 def horizontal_fuse(ep: torch.export.ExportedProgram) -> HFuseReport:
     """Rewrite ``ep`` in place: each set of >= 2 GEMMs reading the same A with constant B of the same K,
-    dtype and layout becomes one GEMM over the B operands concatenated along N, and a slice per original
-    output.  Returns what was fused and why each other GEMM of a shared A was not."""
+    dtype and layout becomes one GEMM over the B operands concatenated along N, split into the original
+    outputs.  Returns what was fused and why each other GEMM of a shared A was not."""
     report = HFuseReport()
     consts = _constants(ep)
     graph = ep.graph
@@ -237,7 +240,7 @@ def _drop_if_dead(ep: torch.export.ExportedProgram, n: torch.fx.Node) -> None:
 
 def _rewrite(ep: torch.export.ExportedProgram, group: list[_Member], consts: dict[str, torch.Tensor],
              k: int) -> str:
-    """One GEMM for ``group`` (in export order) and a slice per original product; returns its node name."""
+    """One GEMM for ``group`` (in export order) and a split into the original products; returns its name."""
     first = group[0]
     dim = -2 if first.form == TRANSPOSED else -1          # N of the stored weight
     w = torch.cat([consts[m.weight] for m in group], dim=dim)
@@ -256,10 +259,10 @@ def _rewrite(ep: torch.export.ExportedProgram, group: list[_Member], consts: dic
             args[bpos] = b_ph
         prod = _call(ep, first.node.target, tuple(args), dict(first.node.kwargs))
         nd = len(prod.meta["val"].shape)
-        start = 0
-        for m in group:
-            piece = _call(ep, aten.slice.Tensor, (prod, nd - 1, start, start + m.n))
-            start += m.n
+        split = _call(ep, aten.split_with_sizes.default, (prod, [m.n for m in group], nd - 1))
+        for j, m in enumerate(group):
+            piece = ep.graph.call_function(operator.getitem, (split, j))
+            piece.meta["val"] = split.meta["val"][j]
             m.node.replace_all_uses_with(piece)
     for m in group:
         _drop_if_dead(ep, m.node)
