@@ -17,9 +17,11 @@ tensor), never per call; the original weights leave the program when nothing els
 is an ordinary movement op, so the VTOG and the search choose for it like any other: each piece virtual
 over the product (consumers read through the slice map), or the product virtual over the pieces (the GEMM
 writes each piece where it goes, V straight into a KV cache).  A split rather than separate slices: slices
-give only the first choice, and V's cache write then costs a copy.  Nothing is model-specific: any ``mm`` / ``addmm`` / ``bmm`` group that reads
-the same A (the same tensor through the same views) with constant B operands of the same K, dtype and
-layout fuses; every GEMM of a shared A left apart gets a one-line reason.
+give only the first choice, and V's cache write then costs a copy.
+
+Nothing is model-specific: any ``mm`` / ``addmm`` / ``bmm`` group that reads the same A (the same tensor
+through the same views) with constant B operands of the same K, dtype and layout fuses; every GEMM of a
+shared A left apart gets a one-line reason.
 
 The concatenated weight is a snapshot: changing the module's weights after compiling is not seen (as
 with any folded constant).
@@ -140,7 +142,8 @@ def _why_apart(sig: tuple, want: tuple, name: str) -> str:
             if label == "layout":
                 return f"{name}: transposed map ({a} B) differs from the group's ({b} B)"
             if label == "product op":
-                return f"{name}: {getattr(a, '__name__', a)} beside {getattr(b, '__name__', b)} (bias in one only)"
+                why = " (a bias in one only)" if aten.addmm.default in (a, b) else ""
+                return f"{name}: {getattr(a, '__name__', a)} beside {getattr(b, '__name__', b)}{why}"
             return f"{name}: {label} {a} differs from the group's {b}"
     return f"{name}: not fused"   # pragma: no cover - equal signatures share a bucket
 
