@@ -247,12 +247,22 @@ def test_llama_8b_decode_layer_hfuse_numerics_gpu(batch):
     torch.testing.assert_close(fused, unfused, rtol=2e-2, atol=3e-2)
 
 
-def test_config_key():
+def test_config_key_reaches_the_runner(tmp_path):
+    """``hfuse: true`` merges w1/w3 of the reference layer in the runner's graph (one kernel fewer) and its CPU
+    numerics copy still equals eager; a non-boolean is refused."""
     from vtcsearch.config import ConfigError, config_from_dict
+    from vtcsearch.run import Log, run_config
     base = {"workload": {"name": "llama3", "size": "tiny", "params": {"part": "layer", "phase": "decode"}},
-            "batch_sizes": [1], "dtype": "float32", "solvers": ["none"], "oracle": "analytical",
-            "hardware": "H200", "objective": "latency", "baselines": [], "output": "unused"}
+            "batch_sizes": [2], "dtype": "float32", "solvers": ["ilp"], "oracle": "analytical",
+            "hardware": "H200", "objective": "latency", "baselines": [], "output": str(tmp_path),
+            "budgets": {"ilp": 5}, "numerics": {"enabled": True, "size": "tiny", "batch": 2}, "draw": "none"}
     assert config_from_dict(base).hfuse is False
-    assert config_from_dict({**base, "hfuse": True}).hfuse is True
     with pytest.raises(ConfigError):
         config_from_dict({**base, "hfuse": "yes please"})
+    kernels = {}
+    for hf in (False, True):
+        cfg = config_from_dict({**base, "hfuse": hf})
+        s = run_config(cfg, device="cpu", out=tmp_path / str(hf), log=Log(quiet=True))
+        kernels[hf] = s["cases"][0]["graph"]["kernels"]
+        assert s["numerics"] and all(n["ok"] and not n["fallbacks"] for n in s["numerics"]), s["numerics"]
+    assert kernels[True] == kernels[False] - 1
