@@ -194,6 +194,29 @@ def test_small_module_with_biases_equals_eager(shape):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+class BatchedWeights(nn.Module):
+    """Two ``bmm`` of one activation with constant [b, K, N] weights: the batched form merges along N too."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1 = nn.Parameter(torch.randn(3, 16, 8) / 4, requires_grad=False)
+        self.w2 = nn.Parameter(torch.randn(3, 16, 12) / 4, requires_grad=False)
+
+    def forward(self, x):
+        return torch.bmm(x, self.w1) * 2, torch.bmm(x, self.w2)
+
+
+def test_batched_weights_merge_and_equal_eager():
+    import vtcsearch
+    torch.manual_seed(0)
+    m, x = BatchedWeights().eval(), torch.randn(3, 4, 16)
+    c = vtcsearch.compile(m, (x,), solver="ilp", budget=10, hfuse=True)
+    assert list(c.graph.hfuse.fused.values()) == [["bmm", "bmm_1"]]
+    assert c.graph.tensors["hfuse_w0"].shape == (3, 16, 20)
+    for got, want in zip(c(x), m(x)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------
 # pricing and the options
 # ---------------------------------------------------------------------------
