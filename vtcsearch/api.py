@@ -124,29 +124,34 @@ class Compiled:
 
 
 def search_fusions(model: torch.nn.Module, example_inputs: Sequence[Any], search: Callable[..., Any], oracle: Any,
-                   *, prologues: bool | str = False, budget: float | None = None, seed: int = 0
-                   ) -> tuple[Any, Any, Any]:
-    """(graph, VTOG, search result) of ``model``: captured, fused with or without prologue fusion, searched.
+                   *, prologues: bool | str = False, hfuse: bool | str = False, budget: float | None = None,
+                   seed: int = 0) -> tuple[Any, Any, Any]:
+    """(graph, VTOG, search result) of ``model``: captured, fused with or without prologue fusion and
+    horizontal GEMM fusion, searched.
 
-    ``prologues="auto"`` searches both fusions (when prologue fusion changes anything) and keeps the one
-    whose best strategy has the lower objective: the search sees the fused GEMM as an option, priced by
-    the oracle (on a GPU, the profiling oracle times it as realized)."""
+    ``"auto"`` (for either option) searches both ways (when the option changes anything) and keeps the
+    graph whose best strategy has the lower objective: the search sees the fused GEMM as an option, priced
+    by the oracle (on a GPU, the profiling oracle times it as realized)."""
     from .core.capture import capture
     from .core.fusion import fuse_graph
     from .core.vtog import build_vtog
-    if prologues not in (False, True, "auto"):
-        raise ValueError(f"prologues must be True, False or 'auto', got {prologues!r}")
+    for name, v in (("prologues", prologues), ("hfuse", hfuse)):
+        if v not in (False, True, "auto"):
+            raise ValueError(f"{name} must be True, False or 'auto', got {v!r}")
     best = None
-    for pro in ((False, True) if prologues == "auto" else (bool(prologues),)):
-        graph = capture(model, example_inputs)
-        if pro:
-            fuse_graph(graph, prologues=True)
-            if best is not None and not any("prologue" in gr.info for gr in graph.groups.values()):
-                break                      # nothing to fold: the default fusion is the only candidate
-        vtog = build_vtog(graph)
-        result = search(vtog, oracle, budget=budget, seed=seed)
-        if best is None or result.objective < best[2].objective:
-            best = (graph, vtog, result)
+    for hf in ((False, True) if hfuse == "auto" else (bool(hfuse),)):
+        for pro in ((False, True) if prologues == "auto" else (bool(prologues),)):
+            graph = capture(model, example_inputs, hfuse=hf)
+            if hf and best is not None and not graph.hfuse.fused:
+                break                      # no GEMMs to merge: the graph without is the only candidate
+            if pro:
+                fuse_graph(graph, prologues=True)
+                if best is not None and not any("prologue" in gr.info for gr in graph.groups.values()):
+                    continue               # nothing to fold: the default fusion is the only candidate
+            vtog = build_vtog(graph)
+            result = search(vtog, oracle, budget=budget, seed=seed)
+            if best is None or result.objective < best[2].objective:
+                best = (graph, vtog, result)
     return best
 
 
@@ -154,7 +159,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
             oracle: Any = "analytical", hardware: str = "H200", objective: Any = "latency",
             cuda_graph: bool = False, budget: float | None = None, seed: int = 0,
             implementations: Sequence[str] | None = None, guard: bool | None = None,
-            prologues: bool | str = False) -> Compiled:
+            prologues: bool | str = False, hfuse: bool | str = False) -> Compiled:
     """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
 
     ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
@@ -168,7 +173,10 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     faster, so a mispriced strategy never makes the model slower than compiling it without virtual tensors
     (default: on for a CUDA model; ``Compiled.guard`` records both times); ``prologues``: fold a row norm
     into the decode GEMM that reads it (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search
-    the graph both ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`).
+    the graph both ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`);
+    ``hfuse``: merge the GEMMs that read the same activation with constant weights (Q/K/V, gate/up) into one
+    GEMM over the concatenated weights (:func:`vtcsearch.core.hfuse.horizontal_fuse`), ``"auto"`` as for
+    ``prologues``.
     Returns a :class:`Compiled` callable.
     """
     import warnings
@@ -208,7 +216,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph, vtog, result = search_fusions(model, example_inputs, search, oracle, prologues=prologues,
-                                             budget=budget, seed=seed)
+                                             hfuse=hfuse, budget=budget, seed=seed)
         result.strategy.validate()
         exe = realize(graph, result.strategy, model)
         record = None

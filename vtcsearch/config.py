@@ -100,6 +100,8 @@ class Config:
     seed: int = 0
     # fold a row norm into the decode GEMM that reads it (vtcsearch.core.fusion.merge_prologues)
     prologues: bool = False
+    # merge the GEMMs that read the same activation with constant weights (vtcsearch.core.hfuse)
+    hfuse: bool = False
     path: str | None = field(default=None, metadata={"internal": True})   # set by load_config
 
     def to_dict(self) -> dict[str, Any]:

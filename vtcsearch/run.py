@@ -284,7 +284,7 @@ class NumericsCopy:
             workload = build_workload(ctx.cfg.workload.name, size=size, batch=batch, device=device, dtype=dtype,
                                       **params)
             with quiet_warnings():
-                graph = capture(workload.model, workload.example_inputs)
+                graph = capture(workload.model, workload.example_inputs, hfuse=ctx.cfg.hfuse)
             if ctx.cfg.prologues:
                 fuse_graph(graph, prologues=True)
             vtog = build_vtog(graph)
@@ -431,7 +431,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     ctx.stage = "capture"
     t0 = time.perf_counter()
     with quiet_warnings():
-        graph = capture(w.model, w.example_inputs)      # torch.export on fake tensors, then fusion
+        graph = capture(w.model, w.example_inputs, hfuse=cfg.hfuse)   # torch.export on fake tensors, then fusion
     if cfg.prologues:
         fuse_graph(graph, prologues=True)
     t_capture = time.perf_counter() - t0
@@ -946,6 +946,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--implementations", default=None,
                     help="comma-separated kernel implementations the search may choose (triton,library,inductor); "
                          "sets oracle_options.implementations")
+    ap.add_argument("--hfuse", action="store_true",
+                    help="merge GEMMs that read the same activation with constant weights (sets the config's hfuse)")
+    ap.add_argument("--prologues", action="store_true",
+                    help="fold a row norm into the decode GEMM that reads it (sets the config's prologues)")
     ap.add_argument("--quick", action="store_true",
                     help=f"cap solver budgets ({', '.join(f'{k} {v:g}' for k, v in QUICK_BUDGETS.items())}) and "
                          f"skip {', '.join(QUICK_SKIPS)}")
@@ -997,6 +1001,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             keep = [labels[c] for c in dict.fromkeys(want)]
             own = [w.case_batch_sizes[i] if i < len(w.case_batch_sizes) else None for i in keep]
             w.cases, w.case_batch_sizes = [w.cases[i] for i in keep], own
+        cfg.hfuse = cfg.hfuse or args.hfuse
+        cfg.prologues = cfg.prologues or args.prologues
         if args.batch is not None:
             if any(b < 1 for b in args.batch):
                 raise ConfigError("--batch: batch sizes must be >= 1")

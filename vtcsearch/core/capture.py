@@ -6,7 +6,9 @@ Decompositions bring the graph to core ATen, except for the data movement ops
 the registry knows, which are kept whole so each stays one VTOG op.  Buffers
 the module mutates (a KV cache) come back from export as extra outputs; they
 become *writeback* movement ops into the buffer's own storage, which a strategy
-can make free by updating the cache in place.
+can make free by updating the cache in place.  With ``hfuse`` the exported program is
+first rewritten by :func:`vtcsearch.core.hfuse.horizontal_fuse` (GEMMs of one activation with
+constant weights merged), so the graph built here is the merged one.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from . import ops as movement
 from .fusion import fuse_graph
+from .hfuse import horizontal_fuse
 from .graph import BUFFER, CONSTANT, INPUT, PARAMETER, OpNode, TensorGraph, TensorInfo
 from .ops import OpCall, TensorArg
 
@@ -80,9 +83,16 @@ def export(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.expor
                            f"{type(e).__name__}: {first}{hint}") from e
 
 
-def capture(model: torch.nn.Module, example_inputs: Sequence[Any]) -> TensorGraph:
-    """Trace ``model`` and classify every op as compute or data movement."""
-    return from_exported(export(model, example_inputs))
+def capture(model: torch.nn.Module, example_inputs: Sequence[Any], hfuse: bool = False) -> TensorGraph:
+    """Trace ``model`` and classify every op as compute or data movement.
+
+    ``hfuse``: first merge the GEMMs that read the same A with constant weights into one GEMM over the
+    concatenated weights (:func:`vtcsearch.core.hfuse.horizontal_fuse`); ``graph.hfuse`` is its report."""
+    ep = export(model, example_inputs)
+    report = horizontal_fuse(ep) if hfuse else None
+    g = from_exported(ep)
+    g.hfuse = report
+    return g
 
 
 def _category(target: Any) -> str | None:

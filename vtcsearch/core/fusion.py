@@ -30,7 +30,12 @@ the decode GEMM that reads it (:func:`merge_prologues`): a ``matmul`` group whos
 ``info["prologue"]`` holds the norm; the GEMM template recomputes each row's statistics
 and normalises its A tiles while loading them, so the norm's output never exists in
 memory.  A norm read by several GEMMs (Llama's gate and up projections) stays apart:
-it is not recomputed per consumer.
+it is not recomputed per consumer -- unless capture merged those GEMMs first
+(``capture(..., hfuse=True)``, :mod:`vtcsearch.core.hfuse`): GEMMs reading the same A with
+constant weights become one GEMM over the concatenated weights, split into the original
+outputs, so the norm then has one GEMM consumer and folds into it.  That rewrite happens on
+the exported program, before fusion; here the merged GEMM is an ordinary ``matmul`` group
+and its split an ordinary movement op (a VTOG opportunity).
 
 Movement ops inside a group are *absorbed*: the kernel does their index
 arithmetic, so they are not VTOG opportunities and never copy.  Only a movement

@@ -102,6 +102,7 @@ class TensorGraph:
         self.mutations: dict[str, str] = {}    # new value -> buffer it is written back to
         self.unclassified: Counter[str] = Counter()
         self.exported: Any = None              # torch.export.ExportedProgram, when captured
+        self.hfuse: Any = None                 # core.hfuse.HFuseReport, when capture fused GEMMs horizontally
         self.groups: dict[str, Any] = {}       # kernel name -> fusion.Group (set by set_kernels())
         self.steps: list[str] = []             # kernels and unabsorbed movement ops, in run order
         self._order: dict[str, int] | None = None
