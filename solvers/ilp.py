@@ -52,13 +52,20 @@ and relative gap CP-SAT reports in ``info`` (``bound``, ``gap``).  When the
 caps (``max_trees`` per tensor, ``max_configs`` per unit) cut the space the
 result is never ``optimal``.  ``budget``: time limit in seconds for CP-SAT
 (default 60); ``workers``: CP-SAT threads (1); ``warm_start=False`` skips
-greedy (tests of the model alone).
+greedy (tests of the model alone).  ``gap_limit`` (default 0, exact): CP-SAT
+stops once the incumbent is proven within that relative gap of the optimum;
+the status is then ``feasible`` with the gap, ``optimal`` only at gap 0.
+``hint``: options (a seams solution: ``decompose="seeded"``) that replace
+greedy's as the start and the incumbent when valid and better; a result no
+better than such a hint is that hint, ``feasible``, ``info["incumbent"] ==
+"hint"``.
 """
 from __future__ import annotations
 
 import itertools
 import math
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from cost_models import CostOracle
@@ -75,11 +82,16 @@ DECOMPOSE = "auto"    # ... at the seams between layers when they are mostly rep
                       # synthetic VTOG, 195 parts / 173 distinct, is faster and 0.2% better whole)
                       # (results/solver_scaling/); decompose=False / "seams" force either
 PS = 1e12   # latency in integer picoseconds
+GAP_LIMIT = 0.0   # default relative gap at which CP-SAT stops: exact (the ILP == exhaustive contract); at whole-model
+                  # scale pass e.g. 0.002 (experiments.solver_scaling does): proving the last 0.2% is most of the time
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int = 0, workers: int = 1,
           max_trees: int = 128, max_configs: int = 1024, max_cuts: int = 50,
-          hint: list[int] | None = None, warm_start: bool = True) -> SolveResult:
+          hint: list[int] | None = None, warm_start: bool = True, gap_limit: float = GAP_LIMIT) -> SolveResult:
+    """The exact search (module docstring); ``gap_limit``: stop once CP-SAT proves the incumbent within
+    this relative gap of the optimum (0: prove it optimal); ``hint``: options to start from (a seams
+    solution, say) instead of greedy's when valid and better."""
     from ortools.sat.python import cp_model
     run = Run(NAME, vtog, oracle)
     acc = oracle.accounting(vtog)
@@ -122,8 +134,10 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     if warm_start:
         from . import greedy
         g = greedy.solve(vtog, oracle)
-        hint = list(g.options) if hint is None else hint
         info["warm_start_objective"] = g.objective
+        if hint is not None:
+            g = _better_incumbent(run, g, hint, info)
+        hint = list(g.options)
         gtrees = acc.trees_of_choice({acc.option_tensor[o]: o for o in g.options})
         for t, tid in gtrees.items():
             if tid not in trees[t]:
@@ -267,11 +281,20 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     solver.parameters.linearization_level = 2   # the LP relaxation closes the gap on these models
+    solver.parameters.relative_gap_limit = gap_limit
+    info["gap_limit"] = gap_limit
     limit = 60.0 if budget is None else float(budget)
     t_solve = run.elapsed()
     if hint:
         for o, lit in x.items():
             m.add_hint(lit, o in hint)
+        try:   # the hint's trees too: CP-SAT then starts from a complete solution instead of repairing a partial one
+            htrees = acc.trees_of_choice({acc.option_tensor[o]: o for o in hint})
+        except ValueError:
+            htrees = None
+        if htrees is not None:
+            for (t, tid), lit in y.items():
+                m.add_hint(lit, htrees.get(t, PHYS) == tid)
     cuts = 0
     status_name = "unknown"
     chosen: list[int] = []
@@ -306,12 +329,18 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
                 model_objective=solver.objective_value if strategy is not None else None)
     if status_name in ("OPTIMAL", "FEASIBLE"):
         info.update(_bound_and_gap(solver, obj, acc))
-    proven = strategy is not None and status_name == "OPTIMAL" and info["complete"]
+    # CP-SAT says OPTIMAL when it stops at gap_limit too: optimal only with no gap left
+    proven = strategy is not None and status_name == "OPTIMAL" and info["complete"] and info.get("gap", 1.0) == 0.0
     if g is not None and not proven:
         mine = oracle.evaluate(strategy, rows=False).objective if strategy is not None else math.inf
         if not mine < g.objective:
             # nothing valid and better than greedy's solution when the budget ended: return greedy's
-            info.update(incumbent="greedy", ilp_objective=None if strategy is None else mine)
+            src = "hint" if info.get("warm_start") == "hint" else "greedy"
+            info.update(incumbent=src, ilp_objective=None if strategy is None else mine)
+            if src != "greedy":     # a caller's (seams) solution: valid, CP-SAT's bound and gap still hold for it
+                if isinstance(info.get("bound"), float) and g.objective > 0:
+                    info["gap"] = max(0.0, (g.objective - info["bound"]) / g.objective)
+                return run.finish(g.options, SolverStatus.FEASIBLE, info, validated=g.strategy)
             return run.finish(g.options, SolverStatus.GREEDY_INCUMBENT, info, validated=g.strategy)
     if strategy is None:
         # no valid solution within the limits and no greedy run: all physical (always valid)
@@ -319,6 +348,23 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         return run.finish([], SolverStatus.FEASIBLE, info)
     return run.finish(chosen, SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE, info, validated=strategy,
                       impl=impl)
+
+
+def _better_incumbent(run: Run, g: SolveResult, hint: list[int], info: dict[str, Any]) -> SolveResult:
+    """The caller's ``hint`` (a seams solution) as the incumbent when it is valid and better than greedy's
+    ``g``, so the ILP is never worse than either."""
+    s = LocalStrategy(run.vtog, [e for o in hint for e in run.vtog.options[o].edges], run.oracle.accounting(run.vtog))
+    try:
+        s.validate()
+    except StrategyError:
+        info["hint"] = "invalid"
+        return g
+    ev = run.oracle.evaluate(s, rows=False)
+    info["hint_objective"] = ev.objective
+    if not ev.objective < g.objective:
+        return g
+    info["warm_start"] = "hint"
+    return replace(g, options=sorted(hint), objective=ev.objective, strategy=s)
 
 
 def _bound_and_gap(solver, obj, acc) -> dict[str, float]:
