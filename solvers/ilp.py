@@ -88,10 +88,12 @@ GAP_LIMIT = 0.0   # default relative gap at which CP-SAT stops: exact (the ILP =
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int = 0, workers: int = 1,
           max_trees: int = 128, max_configs: int = 1024, max_cuts: int = 50,
-          hint: list[int] | None = None, warm_start: bool = True, gap_limit: float = GAP_LIMIT) -> SolveResult:
+          hint: list[int] | None = None, warm_start: bool = True, gap_limit: float = GAP_LIMIT,
+          cut_batch: int = 32) -> SolveResult:
     """The exact search (module docstring); ``gap_limit``: stop once CP-SAT proves the incumbent within
     this relative gap of the optimum (0: prove it optimal); ``hint``: options to start from (a seams
-    solution, say) instead of greedy's when valid and better."""
+    solution, say) instead of greedy's when valid and better; ``cut_batch``: at most this many cuts from one
+    rejected solution (each CP-SAT re-solve presolves again: ~3 s at 2,000 nodes)."""
     from ortools.sat.python import cp_model
     run = Run(NAME, vtog, oracle)
     acc = oracle.accounting(vtog)
@@ -316,12 +318,13 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
             break
         except StrategyError as e:
             cuts += 1
-            info.setdefault("cut_reasons", []).append(e.rule)
             if cuts > max_cuts or run.elapsed() - t_solve > limit:
+                info.setdefault("cut_reasons", []).append(e.rule)
                 break
             on = set(chosen)
-            lits = _local_nogood(acc, on, e.tensor, y)
-            m.add_bool_or(lits if lits is not None else [lit.Not() if o in on else lit for o, lit in x.items()])
+            for lits, rule in _nogoods(vtog, acc, on, impl, e, y, max_batch=cut_batch):
+                info.setdefault("cut_reasons", []).append(rule)
+                m.add_bool_or(lits if lits is not None else [lit.Not() if o in on else lit for o, lit in x.items()])
             m.clear_hints()
             for o, lit in x.items():
                 m.add_hint(lit, o in on)
@@ -419,7 +422,36 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
     return len(zs)
 
 
-def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
+def _nogoods(vtog: VTOG, acc, chosen: set[int], impl: dict[str, str], err: StrategyError, y,
+             max_batch: int) -> list[tuple[list | None, str]]:
+    """Cuts for every violation of a rejected solution that can be found by validation alone: after a cut,
+    the options around that violation are dropped (their tensors physical) and the rest validated again.
+
+    Each cut holds under :func:`_local_nogood`'s locality assumption (the violation depends only on the
+    trees around its storage), so one CP-SAT re-solve per batch instead of per violation (12 re-solves of
+    ~4 s each on the 2,000-node synthetic VTOG).  ``None`` as a cut: a full no-good of ``chosen``.
+    """
+    out: list[tuple[list | None, str]] = []
+    rest = set(chosen)
+    while len(out) < max_batch:
+        lits, near = _local_nogood(acc, rest, err.tensor, y, with_near=True)
+        out.append((lits, err.rule))
+        if lits is None:
+            break
+        keep = {o for o in rest if acc.option_tensor[o] not in near}
+        if keep == rest:
+            break
+        rest = keep
+        s = LocalStrategy(vtog, [e for o in rest for e in vtog.options[o].edges], acc, impl)
+        try:
+            s.validate()
+            break
+        except StrategyError as e:
+            err = e
+    return out
+
+
+def _local_nogood(acc, chosen: set[int], tensor: str, y, with_near: bool = False):
     """A cut excluding the current trees of the tensors around a violation (None: use a full no-good).
 
     Validity rules that the model does not state (hazards, clobbered base
@@ -433,9 +465,9 @@ def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
     try:
         trees = acc.trees_of_choice(choice)
     except ValueError:
-        return None
+        return (None, set()) if with_near else None
     if tensor not in acc.graph.tensors:
-        return None
+        return (None, set()) if with_near else None
     storages = acc.map_of(tensor, trees.get(tensor, PHYS)).targets()
     near = {t for t in acc.nodes if acc.map_of(t, trees.get(t, PHYS)).targets() & storages}
     near.add(tensor) if tensor in acc.nodes else None
@@ -445,7 +477,7 @@ def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
             if op is not None and op.kind == "movement":
                 near.update(x for x in op.inputs + op.outputs if x in acc.nodes)
     lits = [y[t, trees.get(t, PHYS)].Not() for t in sorted(near) if (t, trees.get(t, PHYS)) in y]
-    return lits or None
+    return (lits or None, near) if with_near else lits or None
 
 
 def configuration_space(vtog: VTOG, oracle: CostOracle, max_trees: int = 128,
