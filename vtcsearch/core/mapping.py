@@ -478,6 +478,8 @@ def clear_memos() -> None:
     _NORMALIZED.clear()
     _COMPOSED.clear()
     _INJECTIVE.clear()
+    from .strategy import _OP_MAPS   # (strategy imports this module)
+    _OP_MAPS.clear()
 
 _COMPOSED: dict[tuple[Piece, Piece], Piece] = {}   # (outer piece, inner piece) -> composed piece (compose)
 
