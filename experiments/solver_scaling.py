@@ -167,9 +167,10 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
     for date in df.loc[df["command"].isna(), "date"].unique():   # rows of a run before commands were recorded
         ms = " ".join(dict.fromkeys(df.loc[df["date"] == date, "model"]))
         df.loc[df["date"] == date, "command"] = f"python -m experiments.solver_scaling --models {ms}"
-    runs = df[["command", "commit", "date"]].drop_duplicates("command").reset_index(drop=True)
+    # a run is one invocation (one date): a command repeated later is a run of its own
+    runs = df[["command", "commit", "date"]].drop_duplicates(["command", "date"]).reset_index(drop=True)
     cmds = [f"{k + 1}. `{c}` at commit {m}; {d}." for k, (c, m, d) in enumerate(runs.itertuples(index=False))]
-    run_of = {c: k + 1 for k, c in enumerate(runs["command"])}
+    run_of = {(c, d): k + 1 for k, (c, d) in enumerate(zip(runs["command"], runs["date"]))}
     models = list(dict.fromkeys(df["model"]))
     lines = ["# The search at whole-model scale", "", *cmds, "",
              f"Machine: {env['machine']}, {env['cpu']}, {env['cores']} cores (shared); python {env['python']}, "
@@ -194,7 +195,7 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
             met = " (met)" if r["total_s"] <= tgt else f" (missed by {r['total_s'] - tgt:.0f} s)"
         parts = "" if r.get("parts") is None or (isinstance(r.get("parts"), float) and math.isnan(r["parts"])) \
             else f"{int(r['parts'])}/{int(r['solves'])}"
-        lines.append(f"| {run_of[r['command']]} | {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
+        lines.append(f"| {run_of[r['command'], r['date']]} | {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
                      f"{_decomp(r['decompose'])} | {_fmt(r.get('capture_s'))} | {_fmt(r.get('build_s'))} | "
                      f"{_fmt(r.get('solve_s'))} | {_fmt(r.get('search_s'))} | {_fmt(r.get('total_s'))} | {_fmt(tgt, '.0f')}{met} | {r['status']} | "
                      f"{_fmt(r.get('objective_us'), '.2f')} | {_fmt(r.get('bound_us'), '.2f')} | "
