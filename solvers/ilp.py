@@ -83,7 +83,8 @@ DECOMPOSE = "auto"    # ... at the seams between layers when they are mostly rep
                       # (results/solver_scaling/); decompose=False / "seams" force either
 PS = 1e12   # latency in integer picoseconds
 GAP_LIMIT = 0.0   # default relative gap at which CP-SAT stops: exact (the ILP == exhaustive contract); at whole-model
-                  # scale pass e.g. 0.002 (experiments.solver_scaling does): proving the last 0.2% is most of the time
+                  # scale pass e.g. 0.005 (experiments.solver_scaling does): proving the last fraction of a percent takes
+                  # most of CP-SAT's time there
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int = 0, workers: int = 1,
