@@ -40,7 +40,8 @@ and the model solved again.  The cut forbids the trees of the tensors around
 the violated storage (:func:`_local_nogood`), not the whole assignment; it
 assumes the violation does not depend on choices away from that storage,
 which holds for the hazards the core reports (tests compare with exhaustive
-search).
+search).  All violations validation finds in one rejected solution are cut
+before the next solve (:func:`_nogoods`): each re-solve presolves again.
 
 The ILP is never worse than greedy: greedy's solution is computed first, kept
 inside the (possibly capped) space and given to CP-SAT as the starting hint;
