@@ -205,8 +205,10 @@ def repeated(vtog: VTOG, oracle: CostOracle, ps: list[list[int]]) -> bool:
 def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, budget: Any = None,
                      seed: int = 0, decompose: bool = True, **options: Any) -> SolveResult:
     """``solve`` on each independent part (repeated parts once), combined; whole when that cannot be exact."""
-    if decompose not in (True, False, "seams", "auto"):
-        raise ValueError(f"decompose must be True, False, 'seams' or 'auto', not {decompose!r}")
+    if decompose not in (True, False, "seams", "auto", "seeded"):
+        raise ValueError(f"decompose must be True, False, 'seams', 'auto' or 'seeded', not {decompose!r}")
+    if decompose == "seeded":
+        return _seeded(name, solve, vtog, oracle, budget, seed, **options)
     if not decompose or oracle.objective.needs_memory:
         return solve(vtog, oracle, budget=budget, seed=seed, **options)
     hubs: list[str] = []
@@ -266,6 +268,27 @@ def solve_decomposed(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, bu
         whole = solve(vtog, oracle, budget=budget, seed=seed, **options)
         whole.info.update(decomposition_failed=str(e), parts=len(ps))
         return whole
+
+
+def _seeded(name: str, solve: Solve, vtog: VTOG, oracle: CostOracle, budget: Any, seed: int,
+            **options: Any) -> SolveResult:
+    """``decompose="seeded"`` (the ILP): solve at the seams, then the whole started from that solution.
+
+    The seams' union is cheap where layers repeat and usually better than greedy's; as the whole ILP's hint
+    and incumbent it makes the whole never worse than the seams, and CP-SAT's bound says how far from
+    the optimum both are.  Wall time and build/solve seconds include the seams' solve."""
+    if name != "ilp" or oracle.objective.needs_memory:
+        return solve(vtog, oracle, budget=budget, seed=seed, **options)
+    first = solve_decomposed(name, solve, vtog, oracle, budget=budget, seed=seed, decompose="seams", **options)
+    if first.info.get("decomposition_failed") or "seams" not in first.info:
+        return first               # no seams, or they failed and the whole was solved already
+    whole = solve(vtog, oracle, budget=budget, seed=seed, hint=list(first.options), **options)
+    whole.info["seeded_by"] = {"objective": first.objective, "status": str(first.status), "wall_s": first.wall_s,
+                               "parts": first.info.get("parts"), "solves": first.info.get("solves")}
+    for k in ("build_s", "solve_s"):
+        if k in whole.info and k in first.info:
+            whole.info[k] += first.info[k]
+    return replace(whole, wall_s=whole.wall_s + first.wall_s)
 
 
 def _combined(statuses: list[SolverStatus]) -> SolverStatus:

@@ -40,7 +40,8 @@ and the model solved again.  The cut forbids the trees of the tensors around
 the violated storage (:func:`_local_nogood`), not the whole assignment; it
 assumes the violation does not depend on choices away from that storage,
 which holds for the hazards the core reports (tests compare with exhaustive
-search).
+search).  All violations validation finds in one rejected solution are cut
+before the next solve (:func:`_nogoods`): each re-solve presolves again.
 
 The ILP is never worse than greedy: greedy's solution is computed first, kept
 inside the (possibly capped) space and given to CP-SAT as the starting hint;
@@ -52,13 +53,20 @@ and relative gap CP-SAT reports in ``info`` (``bound``, ``gap``).  When the
 caps (``max_trees`` per tensor, ``max_configs`` per unit) cut the space the
 result is never ``optimal``.  ``budget``: time limit in seconds for CP-SAT
 (default 60); ``workers``: CP-SAT threads (1); ``warm_start=False`` skips
-greedy (tests of the model alone).
+greedy (tests of the model alone).  ``gap_limit`` (default 0, exact): CP-SAT
+stops once the incumbent is proven within that relative gap of the optimum;
+the status is then ``feasible`` with the gap, ``optimal`` only at gap 0.
+``hint``: options (a seams solution: ``decompose="seeded"``) that replace
+greedy's as the start and the incumbent when valid and better; a result no
+better than such a hint is that hint, ``feasible``, ``info["incumbent"] ==
+"hint"``.
 """
 from __future__ import annotations
 
 import itertools
 import math
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from cost_models import CostOracle
@@ -75,11 +83,19 @@ DECOMPOSE = "auto"    # ... at the seams between layers when they are mostly rep
                       # synthetic VTOG, 195 parts / 173 distinct, is faster and 0.2% better whole)
                       # (results/solver_scaling/); decompose=False / "seams" force either
 PS = 1e12   # latency in integer picoseconds
+GAP_LIMIT = 0.0   # default relative gap at which CP-SAT stops: exact (the ILP == exhaustive contract); at whole-model
+                  # scale pass e.g. 0.005 (experiments.solver_scaling does): proving the last fraction of a percent takes
+                  # most of CP-SAT's time there
 
 
 def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int = 0, workers: int = 1,
           max_trees: int = 128, max_configs: int = 1024, max_cuts: int = 50,
-          hint: list[int] | None = None, warm_start: bool = True) -> SolveResult:
+          hint: list[int] | None = None, warm_start: bool = True, gap_limit: float = GAP_LIMIT,
+          cut_batch: int = 32) -> SolveResult:
+    """The exact search (module docstring); ``gap_limit``: stop once CP-SAT proves the incumbent within
+    this relative gap of the optimum (0: prove it optimal); ``hint``: options to start from (a seams
+    solution, say) instead of greedy's when valid and better; ``cut_batch``: at most this many cuts from one
+    rejected solution (each CP-SAT re-solve presolves again: ~3 s at 2,000 nodes)."""
     from ortools.sat.python import cp_model
     run = Run(NAME, vtog, oracle)
     acc = oracle.accounting(vtog)
@@ -122,8 +138,10 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     if warm_start:
         from . import greedy
         g = greedy.solve(vtog, oracle)
-        hint = list(g.options) if hint is None else hint
         info["warm_start_objective"] = g.objective
+        if hint is not None:
+            g = _better_incumbent(run, g, hint, info)
+        hint = list(g.options)
         gtrees = acc.trees_of_choice({acc.option_tensor[o]: o for o in g.options})
         for t, tid in gtrees.items():
             if tid not in trees[t]:
@@ -267,11 +285,20 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     solver.parameters.linearization_level = 2   # the LP relaxation closes the gap on these models
+    solver.parameters.relative_gap_limit = gap_limit
+    info["gap_limit"] = gap_limit
     limit = 60.0 if budget is None else float(budget)
     t_solve = run.elapsed()
     if hint:
         for o, lit in x.items():
             m.add_hint(lit, o in hint)
+        try:   # the hint's trees too: CP-SAT then starts from a complete solution instead of repairing a partial one
+            htrees = acc.trees_of_choice({acc.option_tensor[o]: o for o in hint})
+        except ValueError:
+            htrees = None
+        if htrees is not None:
+            for (t, tid), lit in y.items():
+                m.add_hint(lit, htrees.get(t, PHYS) == tid)
     cuts = 0
     status_name = "unknown"
     chosen: list[int] = []
@@ -293,12 +320,13 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
             break
         except StrategyError as e:
             cuts += 1
-            info.setdefault("cut_reasons", []).append(e.rule)
             if cuts > max_cuts or run.elapsed() - t_solve > limit:
+                info.setdefault("cut_reasons", []).append(e.rule)
                 break
             on = set(chosen)
-            lits = _local_nogood(acc, on, e.tensor, y)
-            m.add_bool_or(lits if lits is not None else [lit.Not() if o in on else lit for o, lit in x.items()])
+            for lits, rule in _nogoods(vtog, acc, on, impl, e, y, max_batch=cut_batch):
+                info.setdefault("cut_reasons", []).append(rule)
+                m.add_bool_or(lits if lits is not None else [lit.Not() if o in on else lit for o, lit in x.items()])
             m.clear_hints()
             for o, lit in x.items():
                 m.add_hint(lit, o in on)
@@ -306,12 +334,18 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
                 model_objective=solver.objective_value if strategy is not None else None)
     if status_name in ("OPTIMAL", "FEASIBLE"):
         info.update(_bound_and_gap(solver, obj, acc))
-    proven = strategy is not None and status_name == "OPTIMAL" and info["complete"]
+    # CP-SAT says OPTIMAL when it stops at gap_limit too: optimal only with no gap left
+    proven = strategy is not None and status_name == "OPTIMAL" and info["complete"] and info.get("gap", 1.0) == 0.0
     if g is not None and not proven:
         mine = oracle.evaluate(strategy, rows=False).objective if strategy is not None else math.inf
         if not mine < g.objective:
             # nothing valid and better than greedy's solution when the budget ended: return greedy's
-            info.update(incumbent="greedy", ilp_objective=None if strategy is None else mine)
+            src = "hint" if info.get("warm_start") == "hint" else "greedy"
+            info.update(incumbent=src, ilp_objective=None if strategy is None else mine)
+            if src != "greedy":     # a caller's (seams) solution: valid, CP-SAT's bound and gap still hold for it
+                if isinstance(info.get("bound"), float) and g.objective > 0:
+                    info["gap"] = max(0.0, (g.objective - info["bound"]) / g.objective)
+                return run.finish(g.options, SolverStatus.FEASIBLE, info, validated=g.strategy)
             return run.finish(g.options, SolverStatus.GREEDY_INCUMBENT, info, validated=g.strategy)
     if strategy is None:
         # no valid solution within the limits and no greedy run: all physical (always valid)
@@ -319,6 +353,23 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         return run.finish([], SolverStatus.FEASIBLE, info)
     return run.finish(chosen, SolverStatus.OPTIMAL if proven else SolverStatus.FEASIBLE, info, validated=strategy,
                       impl=impl)
+
+
+def _better_incumbent(run: Run, g: SolveResult, hint: list[int], info: dict[str, Any]) -> SolveResult:
+    """The caller's ``hint`` (a seams solution) as the incumbent when it is valid and better than greedy's
+    ``g``, so the ILP is never worse than either."""
+    s = LocalStrategy(run.vtog, [e for o in hint for e in run.vtog.options[o].edges], run.oracle.accounting(run.vtog))
+    try:
+        s.validate()
+    except StrategyError:
+        info["hint"] = "invalid"
+        return g
+    ev = run.oracle.evaluate(s, rows=False)
+    info["hint_objective"] = ev.objective
+    if not ev.objective < g.objective:
+        return g
+    info["warm_start"] = "hint"
+    return replace(g, options=sorted(hint), objective=ev.objective, strategy=s)
 
 
 def _bound_and_gap(solver, obj, acc) -> dict[str, float]:
@@ -373,7 +424,36 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
     return len(zs)
 
 
-def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
+def _nogoods(vtog: VTOG, acc, chosen: set[int], impl: dict[str, str], err: StrategyError, y,
+             max_batch: int) -> list[tuple[list | None, str]]:
+    """Cuts for every violation of a rejected solution that can be found by validation alone: after a cut,
+    the options around that violation are dropped (their tensors physical) and the rest validated again.
+
+    Each cut holds under :func:`_local_nogood`'s locality assumption (the violation depends only on the
+    trees around its storage), so one CP-SAT re-solve per batch instead of per violation (12 re-solves of
+    ~4 s each on the 2,000-node synthetic VTOG).  ``None`` as a cut: a full no-good of ``chosen``.
+    """
+    out: list[tuple[list | None, str]] = []
+    rest = set(chosen)
+    while len(out) < max_batch:
+        lits, near = _local_nogood(acc, rest, err.tensor, y, with_near=True)
+        out.append((lits, err.rule))
+        if lits is None:
+            break
+        keep = {o for o in rest if acc.option_tensor[o] not in near}
+        if keep == rest:
+            break
+        rest = keep
+        s = LocalStrategy(vtog, [e for o in rest for e in vtog.options[o].edges], acc, impl)
+        try:
+            s.validate()
+            break
+        except StrategyError as e:
+            err = e
+    return out
+
+
+def _local_nogood(acc, chosen: set[int], tensor: str, y, with_near: bool = False):
     """A cut excluding the current trees of the tensors around a violation (None: use a full no-good).
 
     Validity rules that the model does not state (hazards, clobbered base
@@ -387,9 +467,9 @@ def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
     try:
         trees = acc.trees_of_choice(choice)
     except ValueError:
-        return None
+        return (None, set()) if with_near else None
     if tensor not in acc.graph.tensors:
-        return None
+        return (None, set()) if with_near else None
     storages = acc.map_of(tensor, trees.get(tensor, PHYS)).targets()
     near = {t for t in acc.nodes if acc.map_of(t, trees.get(t, PHYS)).targets() & storages}
     near.add(tensor) if tensor in acc.nodes else None
@@ -399,7 +479,7 @@ def _local_nogood(acc, chosen: set[int], tensor: str, y) -> list | None:
             if op is not None and op.kind == "movement":
                 near.update(x for x in op.inputs + op.outputs if x in acc.nodes)
     lits = [y[t, trees.get(t, PHYS)].Not() for t in sorted(near) if (t, trees.get(t, PHYS)) in y]
-    return lits or None
+    return (lits or None, near) if with_near else lits or None
 
 
 def configuration_space(vtog: VTOG, oracle: CostOracle, max_trees: int = 128,

@@ -130,3 +130,24 @@ class _DataDependent(nn.Module):
 def test_untraceable_model_gets_a_clear_error():
     with pytest.raises(CaptureError, match="torch.export could not trace _DataDependent"):
         capture(_DataDependent(), (torch.randn(3),))
+
+
+def test_find_cycle_is_networkx_s():
+    """fusion._find_cycle (linear) returns the cycle nx.find_cycle does, so fusion splits the same groups."""
+    import random
+
+    import networkx as nx
+
+    from vtcsearch.core.fusion import _find_cycle
+    for seed in range(500):
+        r = random.Random(seed)
+        n = r.randint(1, 20)
+        q = nx.DiGraph()
+        q.add_nodes_from(r.sample(range(n), n))
+        q.add_edges_from((a, b) for a, b in ((r.randrange(n), r.randrange(n)) for _ in range(r.randint(0, 3 * n)))
+                         if a != b)
+        try:
+            ref = nx.find_cycle(q)
+        except nx.NetworkXNoCycle:
+            ref = None
+        assert _find_cycle(q) == ref, seed

@@ -99,3 +99,37 @@ def test_auto_cuts_at_the_seams_only_for_repeated_layers():
     assert not repeated(syn, oracle, seam_parts(syn, oracle)[0])
     r = get_solver("ilp")(syn, oracle, workers=1, budget=20)
     assert "parts" not in r.info and "seams" not in r.info
+
+
+def test_seeded_whole_ilp_is_never_worse_than_the_seams():
+    """decompose="seeded": the whole ILP started from the seams' solution is valid and never worse than it
+    (nor than greedy), and says what it proved: optimal only with no gap left."""
+    from experiments.workloads import build_workload
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    w = build_workload("llama3", size="tiny", part="model", phase="decode", n_layers=3)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    oracle = AnalyticalOracle("H200")
+    seams = get_solver("ilp")(v, oracle, decompose="seams", workers=1, budget=20)
+    g = get_solver("greedy")(v, oracle, decompose=False)
+    r = get_solver("ilp")(v, oracle, decompose="seeded", workers=1, budget=20, gap_limit=0.002)
+    r.strategy.validate()
+    assert r.info["seeded_by"]["objective"] == seams.objective
+    assert r.objective <= min(seams.objective, g.objective) * (1 + 1e-9)
+    assert r.status in ("optimal", "feasible") and "seams" not in r.info
+    if r.status == "optimal":
+        assert r.info["gap"] == 0.0
+    else:
+        assert r.info["gap"] <= 0.002 + 1e-12 or r.info.get("incumbent") == "hint"
+
+
+def test_gap_limit_stops_early_and_says_so():
+    """With a gap limit CP-SAT may stop before its proof (it reports OPTIMAL then); the ILP says feasible unless
+    no gap is left, and the gap it reports is within the limit."""
+    v = random_vtog(40, seed=3, **SIZES)
+    oracle = AnalyticalOracle("H200")
+    r = get_solver("ilp")(v, oracle, decompose=False, workers=1, budget=30, gap_limit=0.05)
+    r.strategy.validate()
+    assert r.info["gap_limit"] == 0.05
+    assert (r.status == "optimal") == (r.info["gap"] == 0.0)
+    assert r.info["gap"] <= 0.05 + 1e-12

@@ -245,8 +245,9 @@ def test_second_search_makes_no_measurements(tmp_path, exact_vtogs):
 
 @pytest.mark.slow
 def test_scale_large(record_property):
-    """On a large VTOG on one core: ILP <= greedy <= all physical, every strategy valid (the time bound is
-    generous; the 30 s target is measured by ``python -m experiments.solver_scaling``).  1,000 nodes in CI
+    """On a large VTOG on one core: ILP <= greedy <= all physical, every strategy valid, and the status says
+    what was proven (no bound on time: the 30 s target is measured by ``python -m experiments.solver_scaling``
+    on a known machine; a shared CI box would make it flaky).  1,000 nodes in CI
     (greedy alone takes ~2 minutes at 2,000 on a 2-core machine); ``VTCSEARCH_SCALE_NODES=2000`` for the
     issue's size."""
     nodes = int(os.environ.get("VTCSEARCH_SCALE_NODES", "1000"))
@@ -263,10 +264,12 @@ def test_scale_large(record_property):
         record_property(f"{name}_seconds", dt)
         print(f"\n{name}: {dt:.1f}s on {v.nx.number_of_nodes()} VTOG nodes, objective {r.objective * 1e6:.1f} us, "
               f"{r.status}")
-    assert res["ilp"].info["solve_s"] < 35          # CP-SAT within its 30 s budget (plus the last validation)
     assert res["ilp"].objective <= res["greedy"].objective + _tol(res["greedy"].objective)
     assert res["greedy"].objective <= res["none"].objective + _tol(res["none"].objective)
-    assert res["ilp"].status in ("optimal", "feasible", "greedy_incumbent") and "gap" in res["ilp"].info
+    il = res["ilp"]
+    assert il.status in ("optimal", "feasible", "greedy_incumbent") and "gap" in il.info
+    if il.status == "optimal":       # a proof: no gap left (a stop at gap_limit is "feasible")
+        assert il.info["gap"] == 0.0
 
 
 def test_ilp_never_worse_than_greedy_without_a_valid_solution():

@@ -706,9 +706,8 @@ def _break_cycles(g: "TensorGraph", groups: dict[str, Group]) -> None:
     through another kernel) back into one kernel per pointwise op."""
     while True:
         q, owner = _quotient(g, groups)
-        try:
-            cyc = nx.find_cycle(q)
-        except nx.NetworkXNoCycle:
+        cyc = _find_cycle(q)
+        if cyc is None:
             return
         bad = next((n for n, _ in cyc if n in groups and len(groups[n].ops) > 1), None)
         if bad is None:  # pragma: no cover - single-op steps cannot form a cycle in an exported graph
@@ -716,6 +715,50 @@ def _break_cycles(g: "TensorGraph", groups: dict[str, Group]) -> None:
         for o in groups.pop(bad).ops:
             if g.ops[o].kind == "compute":
                 groups[o] = single(g.ops[o])
+
+
+def _find_cycle(q: nx.DiGraph) -> list[tuple[str, str]] | None:
+    """The cycle ``nx.find_cycle(q)`` returns (None when acyclic), in linear time.
+
+    networkx restarts its edge DFS from every node and walks again into nodes
+    already explored (only to skip their edges), which is quadratic: 43 calls
+    took ~4 s on the 2,000-node synthetic VTOG.  This is the same DFS (nodes
+    and successors in insertion order, the same active path) pruned at
+    explored nodes, so it finds the same cycle and splits the same groups.
+    """
+    if nx.is_directed_acyclic_graph(q):
+        return None
+    explored: set = set()
+    succ = q._succ
+    for start in q:
+        if start in explored:
+            continue
+        path: list[tuple[str, str]] = []        # edges of the active path
+        active = {start}
+        seen = {start}
+        stack = [(start, iter(succ[start]))]
+        while stack:
+            node, it = stack[-1]
+            head = next(it, None)
+            if head is None:
+                stack.pop()
+                if path:
+                    active.discard(path.pop()[1])
+                continue
+            if head in explored:
+                continue
+            path.append((node, head))
+            if head in active:
+                k = next(i for i, (t, _) in enumerate(path) if t == head)
+                return path[k:]
+            if head in seen:                     # reached before in this DFS, not on the path: no new cycle
+                path.pop()
+                continue
+            seen.add(head)
+            active.add(head)
+            stack.append((head, iter(succ[head])))
+        explored |= seen
+    return None  # pragma: no cover - not a DAG, so the DFS finds a cycle
 
 
 def schedule(g: "TensorGraph", groups: dict[str, Group]) -> list[str]:

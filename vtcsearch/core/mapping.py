@@ -307,8 +307,17 @@ class IndexMap:
         """No two indices land on the same element (required to write through the map).
 
         Affine pieces are checked symbolically; the rest by evaluation when small.
-        Unknown is answered False: refusing a write is slower, never wrong.
+        Unknown is answered False: refusing a write is slower, never wrong.  Memoized per
+        (pieces, target strides): the search asks again for the same map (evaluation is costly).
         """
+        key = (tuple(self.shape), tuple(self.pieces), numeric_limit,
+               tuple(None if p.target is None else tuple(self._strides(strides, p.target)) for p in self.pieces))
+        hit = _INJECTIVE.get(key)
+        if hit is None:
+            hit = _INJECTIVE[key] = self._is_injective(strides, numeric_limit)
+        return hit
+
+    def _is_injective(self, strides: Mapping[str, Sequence[int]] | None, numeric_limit: int) -> bool:
         offs = []
         for p in self.pieces:
             if p.target is None:
@@ -343,7 +352,12 @@ class IndexMap:
                 continue
             flat = sum(idx[k] * s for k, s in enumerate(self._strides(strides, p.target)))
             seen.append(np.broadcast_to(flat, mask.shape)[mask])
-        allv = np.concatenate(seen) if seen else np.empty(0)
+        allv = np.concatenate(seen) if seen else np.empty(0, dtype=np.int64)
+        if not len(allv):
+            return True
+        lo, hi = int(allv.min()), int(allv.max())
+        if hi - lo < 4 * len(allv) + 1024:      # dense offsets: counting is linear (np.unique sorts)
+            return int(np.bincount(allv - lo).max()) <= 1
         return len(np.unique(allv)) == len(allv)
 
     # -- evaluation ---------------------------------------------------------
@@ -454,6 +468,7 @@ def _normalize(p: Piece) -> Piece | None:
 
 
 _NORMALIZED: dict[Piece, Piece | None] = {}
+_INJECTIVE: dict[tuple, bool] = {}    # (shape, pieces, limit, target strides) -> IndexMap.is_injective
 
 
 def clear_memos() -> None:
@@ -462,6 +477,9 @@ def clear_memos() -> None:
     _SIMPLIFIED.clear()
     _NORMALIZED.clear()
     _COMPOSED.clear()
+    _INJECTIVE.clear()
+    from .strategy import _OP_MAPS   # (strategy imports this module)
+    _OP_MAPS.clear()
 
 _COMPOSED: dict[tuple[Piece, Piece], Piece] = {}   # (outer piece, inner piece) -> composed piece (compose)
 
