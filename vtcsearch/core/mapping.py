@@ -471,6 +471,15 @@ _NORMALIZED: dict[Piece, Piece | None] = {}
 _INJECTIVE: dict[tuple, bool] = {}    # (shape, pieces, limit, target strides) -> IndexMap.is_injective
 
 
+_MEMOS: list[dict] = []   # memos of modules above this one that clear_memos forgets too (register_memo)
+
+
+def register_memo(memo: dict) -> dict:
+    """Let :func:`clear_memos` forget ``memo`` too (a module above this one keeps maps per op)."""
+    _MEMOS.append(memo)
+    return memo
+
+
 def clear_memos() -> None:
     """Forget the process-wide memos of maps and expressions (timings from a cold start; tests)."""
     from .expr import _SIMPLIFIED
@@ -478,8 +487,8 @@ def clear_memos() -> None:
     _NORMALIZED.clear()
     _COMPOSED.clear()
     _INJECTIVE.clear()
-    from .strategy import _OP_MAPS   # (strategy imports this module)
-    _OP_MAPS.clear()
+    for memo in _MEMOS:
+        memo.clear()
 
 _COMPOSED: dict[tuple[Piece, Piece], Piece] = {}   # (outer piece, inner piece) -> composed piece (compose)
 

@@ -37,7 +37,7 @@ import networkx as nx
 
 from .expr import Expr, Lookup, Var, bounds, simplify
 from .graph import TensorGraph
-from .mapping import IndexMap, Piece, contiguous_strides, region_intersect, region_size
+from .mapping import IndexMap, Piece, contiguous_strides, region_intersect, region_size, register_memo
 from .vtog import VTOG, Edge
 
 
@@ -506,7 +506,7 @@ def _footprint(p: Piece) -> tuple[tuple[int, int], ...]:
     return tuple(bounds(e, r) for e in p.index)
 
 
-_OP_MAPS: dict[int, tuple[Any, tuple, list[IndexMap], list[IndexMap]]] = {}
+_OP_MAPS: dict[int, tuple[Any, tuple, list[IndexMap], list[IndexMap]]] = register_memo({})
 
 
 def _op_maps(op) -> tuple[list[IndexMap], list[IndexMap]]:
