@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 
 from vtcsearch.core.capture import capture  # noqa: E402
 from vtcsearch.core.fusion import RMSNORM, fuse, merge_prologues  # noqa: E402
+from calls import compiled_output, eager_output  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 warnings.filterwarnings("ignore")
@@ -143,26 +144,7 @@ def test_refused_with_a_reason(form, reason, fused):
 # ---------------------------------------------------------------------------
 
 def _run(w, **options):
-    """(first output, compiled) of one call, the module's buffers restored afterwards."""
-    import vtcsearch
-    m = w.model
-    saved = {n: b.clone() for n, b in m.named_buffers()}
-    c = vtcsearch.compile(m, w.example_inputs, budget=10, **options)
-    out = c(*w.example_inputs)
-    out = (out[0] if isinstance(out, (list, tuple)) else out).float().clone()
-    for n, b in m.named_buffers():
-        b.copy_(saved[n])
-    return out, c
-
-
-def _eager(w) -> torch.Tensor:
-    m = w.model
-    saved = {n: b.clone() for n, b in m.named_buffers()}
-    with torch.no_grad():
-        ref = m(*w.example_inputs)
-    for n, b in m.named_buffers():
-        b.copy_(saved[n])
-    return (ref[0] if isinstance(ref, (list, tuple)) else ref).float()
+    return compiled_output(w, budget=10, **options)
 
 
 def _gemm_launches(c) -> int:
@@ -174,7 +156,7 @@ def test_llama_decode_layer_with_hfuse_equals_eager(style, solver):
     """fp32: the rewritten layer (with prologues, so both norms fold) equals eager and the unfused executable
     within 1e-5, with fewer GEMM launches."""
     w = _hf(batch=2) if style == "transformers" else _llama(batch=2)
-    ref = _eager(w)
+    ref = eager_output(w)
     fused, c = _run(w, solver=solver, hfuse=True, prologues=True)
     unfused, c0 = _run(w, solver=solver)
     assert c.graph.hfuse.fused
@@ -262,7 +244,7 @@ def test_auto_keeps_the_graph_the_oracle_prices_lower():
 def test_llama_8b_decode_layer_hfuse_numerics_gpu(batch):
     """Fused vs unfused vs eager for the transformers Llama 3 8B decode layer, bf16, on the GPU."""
     w = _hf(torch.bfloat16, batch=batch, device="cuda", size="full")
-    ref = _eager(w)
+    ref = eager_output(w)
     fused, c = _run(w, solver="ilp", hfuse=True)
     unfused, _ = _run(w, solver="ilp")
     assert c.graph.hfuse.fused

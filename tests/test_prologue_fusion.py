@@ -16,6 +16,7 @@ pytest.importorskip("triton")
 
 from vtcsearch.core.capture import capture  # noqa: E402
 from vtcsearch.core.fusion import MATMUL, RMSNORM, fuse, fuse_graph, merge_prologues  # noqa: E402
+from calls import compiled_output, eager_output  # noqa: E402
 
 pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"), pytest.mark.filterwarnings("ignore::UserWarning")]
 warnings.filterwarnings("ignore")
@@ -175,27 +176,7 @@ def test_gemm_row_norm_prologue_equals_torch(M, K, N, split, kind):
 # ---------------------------------------------------------------------------
 
 def _compiled(w, prologues: bool, solver: str = "none"):
-    """(first output, compiled) of one call, the module's buffers restored afterwards."""
-    import vtcsearch
-    m = w.model
-    saved = {n: b.clone() for n, b in m.named_buffers()}
-    c = vtcsearch.compile(m, w.example_inputs, solver=solver, budget=10 if solver == "ilp" else None,
-                          prologues=prologues)
-    out = c(*w.example_inputs)
-    out = (out[0] if isinstance(out, (list, tuple)) else out).float().clone()
-    for n, b in m.named_buffers():
-        b.copy_(saved[n])
-    return out, c
-
-
-def _eager(w) -> torch.Tensor:
-    m = w.model
-    saved = {n: b.clone() for n, b in m.named_buffers()}
-    with torch.no_grad():
-        ref = m(*w.example_inputs)
-    for n, b in m.named_buffers():
-        b.copy_(saved[n])
-    return (ref[0] if isinstance(ref, (list, tuple)) else ref).float()
+    return compiled_output(w, solver=solver, budget=10 if solver == "ilp" else None, prologues=prologues)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -204,7 +185,7 @@ def test_llama_decode_layer_with_prologue_equals_eager(dtype):
     attention norm) and equals eager; in fp32 it equals the unfused executable to ~1e-6.  bf16 runs the ILP's
     strategy (virtual tensors around the fused group)."""
     w = _llama(dtype, batch=2)
-    ref = _eager(w)
+    ref = eager_output(w)
     fused, c = _compiled(w, True, "none" if dtype == torch.float32 else "ilp")
     lowered = {st.name: st.lowering for st in c.executable.steps}
     pro = next(gr.name for gr in c.graph.groups.values() if "prologue" in gr.info)
@@ -264,7 +245,7 @@ def test_llama3_8b_decode_layer_prologue_numerics_gpu(batch):
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
     w = _llama(torch.bfloat16, batch=batch, device="cuda", size="full")
-    ref = _eager(w)
+    ref = eager_output(w)
     fused, c = _compiled(w, True, "ilp")
     assert any("prologue" in gr.info for gr in c.graph.groups.values())
     unfused, _ = _compiled(w, False, "ilp")
