@@ -122,8 +122,16 @@ def _record(s: dict[str, Any], name: str, wl: str | None, case: dict[str, Any],
             "model": model_label(name, case["case"], wl), "measured": measured, "error": case.get("error"),
             "case_record": case, "rows": rows, "best_base": best_base, "vtc": vtc, "mix": mix[0] if mix else None,
             "compile": by_variant.get(COMPILE) if by_variant.get(COMPILE) and _ok(by_variant[COMPILE]) else None,
-            "model_bytes": case.get("model_bytes")}
+            "model_bytes": case.get("model_bytes"), "provenance": _provenance(s, vtc or best_base)}
 
+
+def _provenance(s: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:
+    """Command, machine and date of a case's numbers: its vtcsearch (else best baseline) row's, else its run's."""
+    from .report import with_provenance
+    return {k: with_provenance([row or {}], s)[0][k] for k in PROVENANCE}
+
+
+PROVENANCE = ("command", "machine", "date")   # where each table row's numbers come from
 
 # the strongest torch.compile baselines (issue 15): a speedup over anything weaker is reported as such
 STRONGEST = ("compile_max_autotune", "compile_max_autotune_graph")
@@ -413,9 +421,11 @@ def evaluate(folders: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     missing, h = missing_cases(recs), headline(f11, t1, f12)
     out.mkdir(parents=True, exist_ok=True)
     tables = {"figure11": f11, "table1": t1, "figure12": f12, "compile_time": ct, "memory_objective": mo}
+    where = {(r["model"], r["batch"]): r["provenance"] for r in recs}
     for name, rows in tables.items():
+        rows = [{**r, **where.get((r.get("model"), r.get("batch")), {})} for r in rows]
         with atomic_path(out / f"{name}.csv") as tmp:
-            pd.DataFrame(rows).to_csv(tmp, index=False)
+            pd.DataFrame(rows, columns=None if rows else ["model", "batch", *PROVENANCE]).to_csv(tmp, index=False)
     write_plots(out, f11, t1, f12)
     write_text(out / "report.md", markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, str(out)))
     return {**tables, "headline": h, "missing": missing, "notes": notes}

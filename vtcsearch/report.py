@@ -25,10 +25,10 @@ def _fmt(x: Any, spec: str = ".1f", none: str = "-") -> str:
 def with_provenance(rows: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows carrying the command, machine and date they were measured with (kept where a row has them:
     rows of earlier runs appended to a folder keep their own)."""
-    m = run["machine"]
-    where = f"{m.get('gpu') or m.get('cpu')} (torch {m.get('torch')}, triton {m.get('triton')})"
-    return [{**r, "command": r.get("command") or run["command"], "machine": r.get("machine") or where,
-             "date": r.get("date") or run["date"]} for r in rows]
+    m = run.get("machine")
+    where = f"{m.get('gpu') or m.get('cpu')} (torch {m.get('torch')}, triton {m.get('triton')})" if m else None
+    return [{**r, "command": r.get("command") or run.get("command"), "machine": r.get("machine") or where,
+             "date": r.get("date") or run.get("date")} for r in rows]
 
 
 def latency_word(summary: dict[str, Any]) -> str:

@@ -778,9 +778,10 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
     for key in ("cases", "rows", "numerics", "steps", "conv_layers"):   # config order, whatever order appended
         summary[key].sort(key=order)                                     # pieces ran in (in place: ctx fills them)
-    summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in summary["rows"]]
+    summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in report.with_provenance(summary["rows"], summary)]
     latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
-    summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS} for r in latest.values()]   # appended runs: last wins
+    summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS}   # appended runs: last wins
+                           for r in report.with_provenance(list(latest.values()), summary)]
     report.write_all(out, summary, kernel_rows, log)
     atomic.write_json(out / "summary.json", summary if _finite(summary) else _clean(summary), indent=1, default=str,
                       allow_nan=False)
@@ -849,6 +850,8 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
     baselines (``--solvers -``) in another.  :func:`merge_case` then merges the new case record into the old.
     """
     import pandas as pd
+
+    from . import report
     path = out / "summary.json"
     if not path.exists():
         return []
@@ -862,8 +865,9 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
     keep_row = lambda r: keep(r) or r.get("variant") not in redo   # noqa: E731
     solver_redo = {solver_of(v) for v in redo if solver_of(v) is not None}
     summary["cases"] = list(old["cases"])                 # planned ones are merged as they finish
-    summary["rows"] = [r for r in old["rows"] if keep_row(r)]
-    summary["numerics"] = [r for r in old["numerics"] if keep(r) or r.get("solver") not in solver_redo]
+    summary["rows"] = report.with_provenance([r for r in old["rows"] if keep_row(r)], old)   # the old run's,
+    summary["numerics"] = report.with_provenance(                                         # where a row has none
+        [r for r in old["numerics"] if keep(r) or r.get("solver") not in solver_redo], old)
     for key in ("steps", "conv_layers"):       # in place: the run context appends to these lists
         summary[key][:0] = [r for r in old.get(key, []) if keep_row(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]

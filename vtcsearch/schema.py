@@ -42,6 +42,7 @@ ROW_FIELDS = (
     "solver_status", "solve_wall_s", "oracle_calls", "unit_queries", "measurements",
     "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err",
     "floor_us", "x_floor", "implementations", "fallbacks", "build_s",
+    "command", "machine", "date",   # the run that produced the row (rows appended from earlier runs keep theirs)
 )
 # steps.csv and conv_layers.csv (breakdown.steps / breakdown.conv_layers, GPU only)
 STEP_FIELDS = ("case", "batch", "variant", "step", "step_kind", "lowering", "measured_us", "floor_us", "x_floor",
@@ -53,4 +54,5 @@ INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes"
               "unit_queries", "measurements", "fallbacks")
 NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
                    "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
-                   "copy_kernels", "fallbacks", "same_strategy_as", "rel_err_fp32", "eager_rel_err_fp32", "error")
+                   "copy_kernels", "fallbacks", "same_strategy_as", "rel_err_fp32", "eager_rel_err_fp32", "error",
+                   "command", "machine", "date")
