@@ -27,7 +27,7 @@ reshape between a GEMM and its residual add does not cut Inductor's fusion.
 from __future__ import annotations
 
 import operator
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import torch
 
@@ -41,7 +41,7 @@ from .memory import storages_of
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
-__all__ = ["MODE", "lower_inductor", "region_graph", "region_io", "region_ops", "regions"]
+__all__ = ["MODE", "is_region_step", "lower_inductor", "region_graph", "region_io", "region_ops", "regions"]
 
 aten = torch.ops.aten
 
@@ -53,15 +53,25 @@ def _storage_strides(op: Operand) -> dict[str, tuple[int, ...]]:
 
 
 def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], outs: Sequence[str],
-                 device: torch.device) -> torch.fx.GraphModule:
-    """``ops`` as an FX graph ``(*ins, *outs) -> None`` that copies each output value into its argument."""
+                 device: torch.device, aliases: Mapping[int, int] | None = None) -> torch.fx.GraphModule:
+    """``ops`` as an FX graph ``(*ins, *outs) -> None`` that copies each output value into its argument.
+
+    ``aliases``: output position -> input position of the same view of one storage (a buffer the region
+    reads and writes back, a KV cache).  Such an output gets no placeholder of its own: its value is copied
+    into the input's, so Inductor sees the in-place update torch.compile sees in the model (and makes
+    ``index_put`` into the cache an in-place row write instead of a copy of the cache)."""
+    aliases = dict(aliases or {})
     fx = torch.fx.Graph()
-    env: dict[str, torch.fx.Node] = {t: fx.placeholder(f"in_{k}") for k, t in enumerate(ins)}
-    dst = [fx.placeholder(f"out_{k}") for k in range(len(outs))]
+    placeholders = [fx.placeholder(f"in_{k}") for k in range(len(ins))]
+    env: dict[str, torch.fx.Node] = dict(zip(ins, placeholders))
+    dst = [placeholders[aliases[k]] if k in aliases else fx.placeholder(f"out_{k}") for k in range(len(outs))]
 
     for name in ops:
         op = graph.ops[name]
         node = op.node
+        if node is None:   # a writeback (added by capture, no ATen op): the buffer's new value is its input's
+            env[op.outputs[0]] = env[op.inputs[0]]
+            continue
         new = fx.call_function(node.target, substitute(node.args, env, device), substitute(dict(node.kwargs), env, device))
         if list(op.outputs) == [node.name]:
             env[node.name] = new
@@ -102,6 +112,12 @@ def _write(ctx: Context, t: str) -> tuple[torch.Tensor, Launch | None]:
     return tmp, Launch.of(t, "copy", copy(op, Operand.dense(tmp, "tmp")))
 
 
+def _same_view(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Two arguments that are the same elements of one storage (one placeholder serves both)."""
+    return (x.untyped_storage().data_ptr() == y.untyped_storage().data_ptr() and x.dtype == y.dtype and
+            x.shape == y.shape and x.stride() == y.stride() and x.storage_offset() == y.storage_offset())
+
+
 def region_ops(graph: TensorGraph, steps: Sequence[str]) -> list[str]:
     """The ops of a region's steps: a group's ops, or a movement op itself."""
     return [o for st in steps for o in (graph.groups[st].ops if st in graph.groups else [st])]
@@ -122,6 +138,9 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
     ops = region_ops(g, steps)
     ins, outs = kernel_io(g, ops)
     produced = {t for o in ops for t in g.ops[o].outputs}
+    # a buffer's new value whose writeback runs inside the region: the writeback's output is written instead
+    outs = [t for t in outs if not (t in g.mutations and not g.tensors[t].is_output and
+                                    all(c in ops for c in g.tensors[t].consumers))]
     eliminated = {t for st in steps if st not in g.groups for t in g.ops[st].outputs   # (a copy's is its own)
                   if ctx.operand(t).map.targets() != {t}}
     kept: list[str] = []
@@ -150,12 +169,17 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         args.append(x)
         if gather is not None:
             pre.append(gather)
-    for t in outs:
+    aliases: dict[int, int] = {}
+    for k, t in enumerate(outs):
         y, scatter = _write(ctx, t)
-        args.append(y)
         if scatter is not None:
             post.append(scatter)
-    gm = region_graph(g, ops, ins, outs, ctx.device)
+        j = next((j for j, x in enumerate(args[:len(ins)]) if _same_view(x, y)), None)
+        if j is None:
+            args.append(y)
+        else:
+            aliases[k] = j
+    gm = region_graph(g, ops, ins, outs, ctx.device, aliases)
     compiled = torch.compile(gm, mode=mode, dynamic=False, fullgraph=True)
 
     def run() -> None:
@@ -171,6 +195,7 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
     launch = Launch(name, "inductor", [], run, note)
     launch.library_copies = sum(x.kernels for x in pre + post)   # type: ignore[attr-defined]
     launch.steps = list(steps)                                   # type: ignore[attr-defined]
+    launch.aliases = {outs[k]: ins[j] for k, j in aliases.items()}   # type: ignore[attr-defined]
     return launch
 
 
@@ -200,6 +225,11 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     then reads its result from the region, not through the storage), and the region writes whatever storage its
     result maps into where a later step reads it (:func:`region_io`).  A movement op over ``constants`` only (a
     weight's transpose, folded at build) runs once and does not cut a region.
+
+    A copying movement op may also open a region (a later group then fuses it; a region that no group joins
+    goes back to copy kernels), and a copying *writeback* (a mutated buffer's new value, stored back) joins
+    like any copy: the region then writes the buffer itself, through the placeholder it reads the buffer
+    from, so Inductor turns a KV cache's ``index_put`` + writeback into an in-place row write.
     """
     constants = set(constants)
     out: list[list[str]] = []
@@ -225,10 +255,10 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
         ins, produced = kernel_io(graph, ops)
         in_place = all(_in_place(strategy, t) for o in ops for t in graph.ops[o].outputs)
         foreign = {s for t in ins if t not in values for s in storages_of(strategy, t)}
-        if region is not None and in_place and not (foreign & writes) and \
-                (is_inductor or (gr is None and graph.ops[name].node is not None)):
+        copies = gr is None and _emittable(graph.ops[name])
+        if region is not None and in_place and not (foreign & writes) and (is_inductor or copies):
             region.append(name)
-        elif not is_inductor:
+        elif not (is_inductor or (copies and in_place)):
             out.append([name])
             region = None
             continue
@@ -240,4 +270,16 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
         values |= {t for o in ops for t in graph.ops[o].outputs}
         if not in_place:
             region = None
-    return out
+    # a run of copies that no inductor group joined stays the copy kernels it was
+    return [run for r in out for run in
+            ([r] if any(is_region_step(graph, strategy, st) for st in r) else [[st] for st in r])]
+
+
+def is_region_step(graph: TensorGraph, strategy: "Strategy", step: str) -> bool:
+    """Whether ``step`` is a kernel group Inductor runs (a run of :func:`regions` holding one is a region)."""
+    return step in graph.groups and strategy.implementation(step) == im.INDUCTOR
+
+
+def _emittable(op) -> bool:
+    """An op a region's FX graph can hold: a captured ATen op, or a writeback (an identity into a buffer)."""
+    return op.node is not None or op.target == "writeback"

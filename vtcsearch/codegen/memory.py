@@ -48,7 +48,7 @@ def step_access(graph: TensorGraph, strategy: "Strategy", run: Sequence[str]) ->
     (its groups and the copies inside it), or a movement op's residual copies."""
     reads: set[str] = set()
     writes: set[str] = set()
-    if run[0] in graph.groups:
+    if run[0] in graph.groups or len(run) > 1:   # a kernel group, or a region (which may open with a copy)
         ops = [o for st in run for o in (graph.groups[st].ops if st in graph.groups else [st])]
         ins, outs = kernel_io(graph, ops)
         for t in ins:

@@ -36,7 +36,7 @@ import torch
 from ..core.graph import TensorGraph
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
-from .inductor import lower_inductor, regions
+from .inductor import is_region_step, lower_inductor, regions
 from .library import lower_as
 from .lowering import Context, Launch
 from . import memory
@@ -206,7 +206,7 @@ class Executable:
         for k, run in enumerate(runs):
             self.arena.begin(k)
             name = run[0]
-            if name in g.groups and s.implementation(name) == "inductor":   # compiled (and run once) as a region
+            if any(is_region_step(g, s, st) for st in run):   # compiled (and run once) as a region
                 self.steps.append(Step(name, "kernel", lower_inductor(ctx, run)))
                 continue
             if name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
