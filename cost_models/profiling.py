@@ -472,6 +472,18 @@ class ProfilingOracle(CostOracle):
         self.repeats = repeats
 
     def measure(self, spec: UnitSpec) -> UnitCost:
+        """An Inductor unit is timed in parts (:func:`dense_parts`): its compiled kernel once per layout of its
+        operands, and each gather or scatter a virtual operand needs as a copy of its own."""
+        parts = dense_parts(spec)
+        if len(parts) == 1:
+            return self._measure_one(parts[0])
+        costs = [self._measure_one(p) for p in parts]
+        bad = [c for c in costs if not c.feasible]
+        if bad:
+            return bad[0]
+        return UnitCost(sum(c.seconds for c in costs), detail={"parts": len(parts)})
+
+    def _measure_one(self, spec: UnitSpec) -> UnitCost:
         launch = getattr(self.timer, "launch", None)
         if launch is not None:
             spec.launch = dict(launch(spec) or {})
@@ -510,10 +522,11 @@ class ProfilingOracle(CostOracle):
                 continue
             if spec.empty:
                 continue
-            if launch is not None:
-                spec.launch = dict(launch(spec) or {})
-                spec._key = None
-            seen.setdefault(spec.key(), spec)
+            for part in dense_parts(spec):
+                if launch is not None:
+                    part.launch = dict(launch(part) or {})
+                    part._key = None
+                seen.setdefault(part.key(), part)
         return list(seen.values())
 
     def prepare(self, vtog: Any, workers: int | None = None, max_trees: int = 128,
@@ -552,6 +565,73 @@ class ProfilingOracle(CostOracle):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "timer": self.timer.name, "device": self.device, "db": self.store.path}
+
+
+def dense_parts(spec: UnitSpec) -> list[UnitSpec]:
+    """``spec`` as realization runs it, in parts that are measured apart: an Inductor kernel unit becomes the
+    compiled kernel on plain strided operands, plus one copy unit per operand whose map is not a strided view
+    (the gather before the call, or the scatter after it: :func:`vtcsearch.codegen.inductor.lower_inductor`).
+
+    The kernel's operands are keyed by what Inductor compiles for: each as its strides and offset into a flat
+    storage (a gathered one as a contiguous buffer).  Configurations that differ only in how an
+    operand's map is written, or in the map of a gathered one, then share the kernel's measurement key, so a
+    search compiles and times each Inductor kernel (a ``torch.compile`` with max-autotune) once per layout of
+    its operands, not once per configuration.  Any other unit is its own single part."""
+    from vtcsearch.core.expr import Expr
+    from vtcsearch.core.implementation import INDUCTOR, needs_copy, strided_layout
+    from vtcsearch.core.mapping import contiguous_strides, index_vars
+
+    from .accounting import Operand, Unit
+
+    if spec.kind != "kernel" or spec.impl != INDUCTOR:
+        return [spec]
+    strides = {s: v[1] for s, v in spec.storages.items()}
+    operands: list[Operand] = []
+    copies: list[UnitSpec] = []
+    flat: dict[str, tuple] = {}   # flat storage -> (shape, strides, dtype)
+    for o in spec.operands:
+        shape, layout = o.map.shape, strided_layout(o.map, strides)
+        if needs_copy(INDUCTOR, o.map, strides):   # through a dense buffer: the kernel reads or writes that
+            base = f"{o.tensor}__dense"
+            layout = (contiguous_strides(shape), 0)
+            mirror = IndexMap(shape, [Piece(base, p.region, tuple(index_vars(len(shape))), p.conds)
+                                      for p in o.map.pieces], {base: shape})
+            pair = [Operand(base, "w", mirror, o.dtype, o.itemsize), Operand(o.tensor, "r", o.map, o.dtype, o.itemsize)]
+            if o.role != "r":
+                pair = [Operand(o.tensor, "w", o.map, o.dtype, o.itemsize), Operand(base, "r", mirror, o.dtype, o.itemsize)]
+            copies.append(_part(spec, Unit(-1, "copy", f"{spec.unit.name}:{o.tensor}", ()), pair,
+                                {base: (shape, contiguous_strides(shape), o.dtype)}, elements=math.prod(shape)))
+        elif layout is None:   # a one-element operand Inductor takes as it is
+            operands.append(o)
+            continue
+        else:   # a strided view; views of one storage share one flat storage (a cache updated in place stays so)
+            base = f"{o.map.pieces[0].target}__flat"
+        view_strides, offset = layout
+        span = offset + 1 + sum((d - 1) * st for d, st in zip(shape, view_strides))
+        flat[base] = ((max(span, flat[base][0][0] if base in flat else 0),), (1,), o.dtype)
+        index = Expr(const=offset)
+        for v, st in zip(index_vars(len(shape)), view_strides):
+            index = index + v * int(st)
+        operands.append(Operand(o.tensor, o.role, IndexMap.single(shape, base, (1,), [index]), o.dtype, o.itemsize))
+    operands = [Operand(o.tensor, o.role, IndexMap(o.map.shape, o.map.pieces, {t: flat[t][0] for t in o.map.targets()}),
+                        o.dtype, o.itemsize) if o.map.targets() & flat.keys() else o for o in operands]
+    kernel = _part(spec, spec.unit, operands, flat, ops=spec.ops, flops=spec.flops,
+                   tensor_core=spec.tensor_core, compute_dtype=spec.compute_dtype)
+    kernel.impl = spec.impl
+    return [kernel, *copies]
+
+
+def _part(spec: UnitSpec, unit: Any, operands: list, new_storages: Mapping[str, tuple], **kw: Any) -> UnitSpec:
+    """A unit spec over ``operands``, with the storages and index tables of ``spec`` that they use."""
+    part = UnitSpec(unit, spec.config, operands, **kw)
+    part.graph = spec.graph
+    for o in operands:
+        for t in o.map.targets():
+            part.storages[t] = new_storages[t] if t in new_storages else spec.storages[t]
+        for tb in o.map.tables():
+            if tb in spec.tables:
+                part.tables[tb] = spec.tables[tb]
+    return part
 
 
 _PREPARING: tuple[Callable[[UnitSpec], Any], list[UnitSpec]] | None = None   # inherited by forked workers

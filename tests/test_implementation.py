@@ -512,3 +512,46 @@ def test_inductor_decode_layer_updates_the_kv_cache_like_eager():
     torch.testing.assert_close(out[0] if isinstance(out, (list, tuple)) else out, ref, rtol=1e-4, atol=1e-5)
     for n, b in m.named_buffers():
         torch.testing.assert_close(b, ref_bufs[n], rtol=1e-4, atol=1e-5)
+
+
+def test_profiling_times_an_inductor_kernel_once_per_layout():
+    """The profiling oracle times an Inductor unit as realization runs it, in parts: the compiled kernel on
+    plain strided operands (keyed by their strides, so configurations that Inductor sees alike share one
+    compile) and a gather or scatter copy per operand that is not a strided view; the cost is their sum."""
+    from cost_models.profiling import ProfilingOracle, dense_parts
+    from experiments.workloads import build_workload
+    from vtcsearch.core.implementation import needs_copy
+
+    w = build_workload("llama3", part="layer", phase="decode", size="tiny", batch=1, device="cpu",
+                       dtype=torch.float32)
+    g = capture(w.model, w.example_inputs)
+    v = build_vtog(g)
+
+    class ByKey:   # a distinct, deterministic time per measurement key
+        name, device = "by-key", torch.device("cpu")
+
+        def __call__(self, spec):
+            return (hash(spec.key()) % 1000 + 1) * 1e-9
+
+    o = ProfilingOracle(timer=ByKey(), implementations=(im.INDUCTOR, im.TRITON))
+    acc = o.accounting(v)
+    before, after, gathered = set(), set(), 0
+    for u, keys in acc.configuration_space():
+        if u.kind != "kernel" or not im.inductor_can_run(g, g.groups[u.kernel]):
+            continue
+        spec = acc.spec(u, keys, im.INDUCTOR)
+        kernel, *copies = dense_parts(spec)
+        strides = {s: v_[1] for s, v_ in kernel.storages.items()}
+        assert kernel.impl == im.INDUCTOR and not any(needs_copy(im.INDUCTOR, op.map, strides) for op in kernel.operands)
+        old = {s: v_[1] for s, v_ in spec.storages.items()}
+        assert len(copies) == sum(needs_copy(im.INDUCTOR, op.map, old) for op in spec.operands)
+        gathered += bool(copies)
+        # operands that shared a storage still share one (a cache read and written in place stays in place)
+        share = {(a.tensor, b.tensor) for a in spec.operands for b in spec.operands if a.map.targets() & b.map.targets()}
+        new = {op.tensor: op.map.targets() for op in kernel.operands}
+        assert all(new[a] & new[b] for a, b in share)
+        assert [p.key() for p in dense_parts(kernel)] == [kernel.key()]           # the canonical form is a fixpoint
+        assert o.measure(spec).seconds == pytest.approx(sum(o.measure(p).seconds for p in [kernel, *copies]))
+        before.add(spec.key())
+        after.add(kernel.key())
+    assert gathered and len(after) < len(before) / 2
