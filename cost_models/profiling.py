@@ -34,6 +34,7 @@ import platform
 import sqlite3
 import time
 import warnings
+from dataclasses import replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import torch
@@ -596,9 +597,9 @@ def dense_parts(spec: UnitSpec) -> list[UnitSpec]:
             layout = (contiguous_strides(shape), 0)
             mirror = IndexMap(shape, [Piece(base, p.region, tuple(index_vars(len(shape))), p.conds)
                                       for p in o.map.pieces], {base: shape})
-            pair = [Operand(base, "w", mirror, o.dtype, o.itemsize), Operand(o.tensor, "r", o.map, o.dtype, o.itemsize)]
-            if o.role != "r":
-                pair = [Operand(o.tensor, "w", o.map, o.dtype, o.itemsize), Operand(base, "r", mirror, o.dtype, o.itemsize)]
+            dense, real = Operand(base, "w", mirror, o.dtype, o.itemsize), Operand(o.tensor, "r", o.map, o.dtype,
+                                                                                   o.itemsize)
+            pair = [dense, real] if o.role == "r" else [replace(real, role="w"), replace(dense, role="r")]
             copies.append(_part(spec, Unit(-1, "copy", f"{spec.unit.name}:{o.tensor}", ()), pair,
                                 {base: (shape, contiguous_strides(shape), o.dtype)}, elements=math.prod(shape)))
         elif layout is None:   # a one-element operand Inductor takes as it is

@@ -21,13 +21,15 @@ case "${1:-tests}" in
   tests)   python3 -m pytest -q -m gpu -p no:cacheprovider tests/ 2>&1 | tee "$OUT/gpu_tests.log" | tail -40 ;;
   pieces)  # runner pieces until the call's deadline, each merged into its folder with --append:
            #   bash experiments/h200.sh pieces OUT "zoo|--cases tv_resnet50 --batch 16 --solvers none,ilp" ...
-           # a piece that cannot start with 60 s left is skipped (and said so); every folder comes back as a tarball
+           # a piece that cannot start with 60 s left is skipped (and said so); one cut short by the deadline keeps
+           # the variants it measured; every folder comes back as a tarball
     shift 2
     for piece in "$@"; do
-      cfg=${piece%%|*}; args=${piece#*|}; left=$(( ${CALL_S:-570} - SECONDS ))
+      cfg=${piece%%|*}; args=${piece#*|}; left=$(( ${CALL_S:-545} - SECONDS ))
       [ "$left" -lt 60 ] && { echo "skipped (no time): $piece"; continue; }
       RES=$(python3 -c "from vtcsearch.config import load_config; print(load_config('configs/$cfg.yaml').output)")
-      timeout "$left" python3 -m vtcsearch.run "configs/$cfg.yaml" $args --append >> "$OUT/$cfg.log" 2>&1
+      # SIGTERM at the deadline: the runner writes the variants it measured (exit 124); killed 20 s later if stuck
+      timeout -k 20 "$left" python3 -m vtcsearch.run "configs/$cfg.yaml" $args --append >> "$OUT/$cfg.log" 2>&1
       echo "rc $? at ${SECONDS}s: $piece"
       grep -E "^   (vtc_|compile|eager|handwritten)|numerics vs|Error" "$OUT/$cfg.log" | tail -8
       tar czf "$OUT/$cfg.tgz" "$RES"

@@ -358,6 +358,50 @@ def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
     assert "case failed" in (out / "report.md").read_text()
 
 
+def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
+    """SIGTERM (a timeout) during a case: exit 124, the folder written, a note saying where it stopped."""
+    import os
+    import signal
+
+    import vtcsearch.run as run
+    real = run.solve_all
+
+    def solve_then_stop(ctx, vtog, what):
+        out = real(ctx, vtog, what)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(run, "solve_all", solve_then_stop)
+    out = tmp_path / "o"
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]) == 124
+    s = json.loads((out / "summary.json").read_text())
+    assert any("stopped during the search" in n for n in s["notes"]) and s["rows"] == []
+    assert signal.getsignal(signal.SIGTERM) is not run._interrupt      # the handler is the runner's only
+
+
+def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
+    """What a stopped GPU case measured is written like a finished case; unmeasured variants are left out."""
+    import vtcsearch.run as run
+    from vtcsearch.config import load_config
+    ctx = run.RunContext(load_config(TINY), "cuda", tmp_path, False, run.Log(quiet=True))
+    ctx.stage = "benchmark"
+    case = {"case": "c", "batch": 1, "floor": None}
+    rows = [{"case": "c", "batch": 1, "variant": "compile_default", "kind": "baseline", "status": "ok",
+             "measured_latency_us": 10.0},
+            {"case": "c", "batch": 1, "variant": "vtc_ilp", "kind": "vtcsearch", "status": "ok",
+             "predicted_latency_us": 5.0}]
+    ctx.partial = (case, rows)
+    summary = {"cases": [], "rows": [], "numerics": [], "steps": [], "conv_layers": [], "notes": ctx.notes,
+               "config": {"workload": {"name": "c", "cases": [{}]}}, "runs": [], "measured": True}
+    kernel_rows = [{"case": "c", "batch": 1, "variant": "vtc_ilp", "us": 1.0}]
+    written = []
+    monkeypatch.setattr(run, "write_summary",
+                        lambda out, summ, krows, log, wall: written.append((list(summ["rows"]), list(krows))))
+    run.keep_measured(ctx, summary, kernel_rows, False, ctx.log, 1.0)
+    ((rows_out, krows_out),) = written
+    assert [r["variant"] for r in rows_out] == ["compile_default"] and rows_out[0]["latency_us"] == 10.0
+    assert krows_out == [] and "vtc_ilp not measured" in ctx.notes[-1]
+
+
 # ---------------------------------------------------------------------------
 # results are never lost
 # ---------------------------------------------------------------------------

@@ -137,6 +137,7 @@ class RunContext:
     conv_layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # conv_layers.csv rows
     notes: list[str] = dataclasses.field(default_factory=list)
     run: dict[str, Any] = dataclasses.field(default_factory=dict)   # command, date, machine of this run
+    partial: tuple[dict[str, Any], list[dict[str, Any]]] | None = None   # (case, rows) of the case in progress
 
     @property
     def measured(self) -> bool:
@@ -462,10 +463,11 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
 
     # search
     ctx.stage = "search"
+    rows: list[dict[str, Any]] = []
+    ctx.partial = (case, rows)      # what a stopped run keeps of this case (run_config)
     case["prepare"] = prepare_oracles(ctx, vtog)
     results = solve_all(ctx, vtog, f"{label} bs{batch}")
     acc = ctx.oracle.accounting(vtog)
-    rows: list[dict[str, Any]] = []
     evals: dict[str, Any] = {}
     unit_floors: dict[str, dict[str, float | None]] = {}     # solver -> unit -> floor us
     for name, res in results.items():
@@ -526,7 +528,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # numerics and benchmark
     ctx.stage = "benchmark" if ctx.measured else "numerics"
     if ctx.measured:
-        rows += gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows, unit_floors)
+        gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows, unit_floors)
     else:
         cpu_numerics(ctx, params, full_params, batch, label, results, rows, numerics_cache, numerics_rows)
         for name in cfg.baselines:
@@ -575,9 +577,10 @@ def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, ro
 
 
 def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows,
-                  unit_floors: dict[str, dict[str, float | None]]) -> list[dict[str, Any]]:
+                  unit_floors: dict[str, dict[str, float | None]]) -> None:
     """Realize each strategy at full size and time it beside the baselines, in this process; check numerics;
-    with ``breakdown.steps`` / ``conv_layers``, time each step / conv kernel of each executable alone."""
+    with ``breakdown.steps`` / ``conv_layers``, time each step / conv kernel of each executable alone.
+    Each variant's measurements land in ``rows`` as soon as it is timed (a baseline's row is added then)."""
     import torch
 
     from .breakdown import conv_layer_rows, step_rows
@@ -616,7 +619,6 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
         variants.append(Variant(variant_name(name), build,
                                 own_bytes=lambda name=name: exes[name].allocated_bytes))
     by_variant = {r["variant"]: r for r in rows}
-    extra: list[dict[str, Any]] = []
     with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:
         for var in variants:
             m, _ = run_variant(var)
@@ -625,7 +627,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             row = by_variant.get(var.name)
             if row is None:
                 row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": VariantKind.BASELINE}
-                extra.append(row)
+                rows.append(row)
             if m.skipped:
                 row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=m.skipped)
                 log(f"   {var.name:22s} {row['status']}: {m.skipped}")
@@ -657,7 +659,6 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             torch.cuda.empty_cache()
             step(var.name)
     torch._dynamo.reset()      # drop the compiled baselines of this case before the next one
-    return extra
 
 
 def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exception
@@ -753,10 +754,15 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                                    redo=variants_of(cfg))
     numerics_cache: dict = {}
     for _, params, b in plan:
+        ctx.partial = None
         try:
             case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
         except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
             case, r = failed_case(ctx, params, b, e)
+        except RunInterrupted:   # told to stop (a timeout): keep what this case measured, then stop
+            if ctx.partial is not None:
+                keep_measured(ctx, summary, kernel_rows, append, log, time.perf_counter() - t_start)
+            raise
         for o in [ctx.oracle, *ctx.oracles.values()]:
             o.note_errors(ctx.notes)       # exceptions inside the oracle: counted, reported (issue 11)
         if append:
@@ -767,6 +773,41 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
         write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
     numerics_cache.clear()
     return summary
+
+
+class RunInterrupted(BaseException):
+    """The run was told to stop (SIGTERM, as ``timeout`` sends it): not an error of a case, so ``except
+    Exception`` does not catch it."""
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise RunInterrupted(f"signal {signum}")
+
+
+def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], append: bool,
+                  log: Log, wall_s: float) -> None:
+    """Write the variants of the case in progress that were measured before the run was stopped, as a finished
+    case's are; the others are dropped (an appended folder keeps its earlier rows of them), with a note."""
+    case, rows = ctx.partial
+    kept = [r for r in rows if r.get("measured_latency_us") is not None] if ctx.measured else []
+    dropped = sorted({r["variant"] for r in rows} - {r["variant"] for r in kept})
+    ctx.notes.append(f"the run was stopped during the {ctx.stage} of {case['case']} bs{case['batch']}: "
+                     f"{len(kept)} measured variant(s) kept" + (f", {', '.join(dropped)} not measured" if dropped
+                                                                else ""))
+    log(f"   STOPPED during {ctx.stage}: kept {', '.join(r['variant'] for r in kept) or 'nothing'}")
+    if not kept:
+        write_summary(ctx.out, summary, kernel_rows, log, wall_s)
+        return
+    names = {r["variant"] for r in kept}
+    kernel_rows[:] = [k for k in kernel_rows if (k["case"], k["batch"]) != (case["case"], case["batch"])
+                      or k["variant"] in names]
+    finish_rows(kept, ctx.measured, (case.get("floor") or {}).get("floor_us"))
+    if append:
+        merge_case(summary, case, kept)
+    else:
+        summary["cases"].append(case)
+        summary["rows"] += kept
+    write_summary(ctx.out, summary, kernel_rows, log, wall_s)
 
 
 def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], log: Log,
@@ -1034,15 +1075,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
     log = Log(quiet=args.quiet)
+    import signal
+    previous = signal.signal(signal.SIGTERM, _interrupt)   # a timeout stops the run after writing what it measured
     try:
         summary = run_config(cfg, device=device, out=out, quick=args.quick, command=command, log=log,
                              append=args.append)
+    except RunInterrupted:
+        print(f"stopped (SIGTERM): {out}/ holds what was measured before", file=sys.stderr)
+        return 124
     except ConfigError as e:
         print(f"ConfigError: {e}", file=sys.stderr)
         return 2
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     from .report import print_table
     print_table(summary)
     print(f"results: {out}/ (report.md, summary.json, summary.csv) in {summary['wall_s']:.0f} s")
