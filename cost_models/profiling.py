@@ -508,7 +508,8 @@ class ProfilingOracle(CostOracle):
 
     # -- preparing a search ----------------------------------------------------------------------
     def candidate_specs(self, vtog: Any, max_trees: int = 128, max_configs: int = 1024) -> list[UnitSpec]:
-        """The distinct kernels and copies a search over ``vtog`` may time, one per measurement key.
+        """The distinct kernels and copies a search over ``vtog`` may time, one per measurement key, in every
+        implementation the oracle allows (an Inductor unit as its parts: :func:`dense_parts`).
 
         Identical kernels (the same layer in 32 layers, the same copy in two blocks) share a key
         (:meth:`UnitSpec.key` renames storages positionally), so each is listed, and timed, once.
@@ -517,17 +518,18 @@ class ProfilingOracle(CostOracle):
         launch = getattr(self.timer, "launch", None)
         seen: dict[str, UnitSpec] = {}
         for u, keys in acc.configuration_space(max_trees, max_configs):
-            try:
-                spec = acc.spec(u, keys)
-            except ImpossibleConfig:
-                continue
-            if spec.empty:
-                continue
-            for part in dense_parts(spec):
-                if launch is not None:
-                    part.launch = dict(launch(part) or {})
-                    part._key = None
-                seen.setdefault(part.key(), part)
+            for impl in self.unit_implementations(acc, u):   # every implementation a solver may ask for
+                try:
+                    spec = acc.spec(u, keys, impl)
+                except ImpossibleConfig:
+                    break
+                if spec.empty:
+                    break
+                for part in dense_parts(spec):
+                    if launch is not None:
+                        part.launch = dict(launch(part) or {})
+                        part._key = None
+                    seen.setdefault(part.key(), part)
         return list(seen.values())
 
     def prepare(self, vtog: Any, workers: int | None = None, max_trees: int = 128,

@@ -564,3 +564,4 @@ def test_profiling_times_an_inductor_kernel_once_per_layout():
         before.add(spec.key())
         after.add(kernel.key())
     assert gathered and len(after) < len(before) / 2
+    assert after <= {sp.key() for sp in o.candidate_specs(v)}   # prepare() compiles these Inductor kernels
