@@ -389,7 +389,7 @@ def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
              "measured_latency_us": 10.0},
             {"case": "c", "batch": 1, "variant": "vtc_ilp", "kind": "vtcsearch", "status": "ok",
              "predicted_latency_us": 5.0}]
-    ctx.partial = (case, rows)
+    ctx.partial = (case, rows, {"vtc_ilp": (tmp_path / "strategies" / "c_ilp.json", {"virtual": {}})})
     summary = {"cases": [], "rows": [], "numerics": [], "steps": [], "conv_layers": [], "notes": ctx.notes,
                "config": {"workload": {"name": "c", "cases": [{}]}}, "runs": [], "measured": True}
     kernel_rows = [{"case": "c", "batch": 1, "variant": "vtc_ilp", "us": 1.0}]
@@ -400,6 +400,7 @@ def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
     ((rows_out, krows_out),) = written
     assert [r["variant"] for r in rows_out] == ["compile_default"] and rows_out[0]["latency_us"] == 10.0
     assert krows_out == [] and "vtc_ilp not measured" in ctx.notes[-1]
+    assert not (tmp_path / "strategies" / "c_ilp.json").exists()   # no strategy file for what was not measured
 
 
 # ---------------------------------------------------------------------------

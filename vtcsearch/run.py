@@ -137,7 +137,7 @@ class RunContext:
     conv_layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # conv_layers.csv rows
     notes: list[str] = dataclasses.field(default_factory=list)
     run: dict[str, Any] = dataclasses.field(default_factory=dict)   # command, date, machine of this run
-    partial: tuple[dict[str, Any], list[dict[str, Any]]] | None = None   # (case, rows) of the case in progress
+    partial: tuple | None = None   # (case, rows, strategy files) of the case in progress
 
     @property
     def measured(self) -> bool:
@@ -464,7 +464,8 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # search
     ctx.stage = "search"
     rows: list[dict[str, Any]] = []
-    ctx.partial = (case, rows)      # what a stopped run keeps of this case (run_config)
+    strategy_files: dict[str, tuple[Path, dict[str, Any]]] = {}   # variant -> (path, strategy JSON)
+    ctx.partial = (case, rows, strategy_files)      # what a stopped run keeps of this case (run_config)
     case["prepare"] = prepare_oracles(ctx, vtog)
     results = solve_all(ctx, vtog, f"{label} bs{batch}")
     acc = ctx.oracle.accounting(vtog)
@@ -501,9 +502,9 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                 krow["x_floor"] = floors.ratio(krow["us"], krow["floor_us"])
                 unit_floors.setdefault(name, {})[r["unit"]] = krow["floor_us"]
             kernel_rows.append(krow)
-        (ctx.out / "strategies").mkdir(exist_ok=True)
-        atomic.write_json(ctx.out / "strategies" / f"{fid}_{name}.json", {**s.to_json(), "written_by": ctx.run},
-                          indent=1)
+        # written with the case's rows (below), so a stopped run never leaves a strategy nobody measured
+        strategy_files[variant_name(name)] = (ctx.out / "strategies" / f"{fid}_{name}.json",
+                                              {**s.to_json(), "written_by": ctx.run})
         log(f"   {name:10s} predicted {ev.latency_s * 1e6:10.1f} us, {len(s.virtual)} virtual, "
             f"{len(s.eliminated_ops())} ops eliminated, {row['movement_kernels']} copies "
             f"({res.status}, {res.wall_s:.1f} s)")
@@ -537,7 +538,16 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": VariantKind.BASELINE,
                          "status": "skipped", "reason": reason})
     finish_rows(rows, ctx.measured, (case["floor"] or {}).get("floor_us"))
+    write_strategies(strategy_files)
     return case, rows
+
+
+def write_strategies(files: dict[str, tuple[Path, dict[str, Any]]], variants: set[str] | None = None) -> None:
+    """The chosen strategies (of ``variants`` only, when given) as JSON under ``strategies/``."""
+    for variant, (path, data) in files.items():
+        if variants is None or variant in variants:
+            path.parent.mkdir(exist_ok=True)
+            atomic.write_json(path, data, indent=1)
 
 
 def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, rows, cache, numerics_rows) -> None:
@@ -788,7 +798,7 @@ def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[di
                   log: Log, wall_s: float) -> None:
     """Write the variants of the case in progress that were measured before the run was stopped, as a finished
     case's are; the others are dropped (an appended folder keeps its earlier rows of them), with a note."""
-    case, rows = ctx.partial
+    case, rows, strategy_files = ctx.partial
     kept = [r for r in rows if r.get("measured_latency_us") is not None] if ctx.measured else []
     dropped = sorted({r["variant"] for r in rows} - {r["variant"] for r in kept})
     ctx.notes.append(f"the run was stopped during the {ctx.stage} of {case['case']} bs{case['batch']}: "
@@ -799,6 +809,7 @@ def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[di
         write_summary(ctx.out, summary, kernel_rows, log, wall_s)
         return
     names = {r["variant"] for r in kept}
+    write_strategies(strategy_files, names)
     kernel_rows[:] = [k for k in kernel_rows if (k["case"], k["batch"]) != (case["case"], case["batch"])
                       or k["variant"] in names]
     finish_rows(kept, ctx.measured, (case.get("floor") or {}).get("floor_us"))
