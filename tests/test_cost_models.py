@@ -492,6 +492,7 @@ def test_memoized_costs_equal_fresh(name, params):
         _clear_core_memos()
         facc._copies.clear()
         facc._copy_maps.clear()
+        facc.shared.copies.clear()     # residual pieces per copy signature, shared across layers
         u, keys = space[i]
         c = AnalyticalOracle("H200").unit_cost(facc, facc.units[u.id], keys)   # a cold traffic model
         assert (c.seconds, c.bytes, c.detail) == (costs[i].seconds, costs[i].bytes, costs[i].detail), u.name

@@ -347,7 +347,7 @@ class IndexMap:
     def _numeric_injective(self, pieces, strides) -> bool:
         seen: list[np.ndarray] = []
         for p in pieces:
-            mask, idx = _eval_piece(p, self.shape, {}, {})
+            mask, idx = _eval_box(p, {}, {})
             if not mask.any():
                 continue
             flat = sum(idx[k] * s for k, s in enumerate(self._strides(strides, p.target)))
@@ -632,6 +632,23 @@ def _piece_indices(p: Piece, syms: Mapping[str, int], tables, device) -> tuple[t
         # lanes outside the predicate may compute out-of-range indices: park them at 0
         idx = tuple(torch.where(mask, i, torch.zeros_like(i)) for i in idx)
     return sl, mask, idx
+
+
+def _eval_box(p: Piece, syms: Mapping[str, int], tables):
+    """(mask over the piece's box, target index arrays broadcast over it): :func:`_eval_piece` on the box
+    only, on sparse grids (the indices outside the box are masked out there anyway; a small piece of a large
+    map costs its own size, not the map's)."""
+    box = tuple(hi - lo for lo, hi in p.region)
+    axes = [np.arange(lo, hi, dtype=np.int64) for lo, hi in p.region]
+    grids = np.meshgrid(*axes, indexing="ij", sparse=True) if axes else []
+    env: dict = {f"i{k}": g for k, g in enumerate(grids)}
+    env.update(syms)
+    mask = np.ones(box, dtype=bool)
+    for ce, lo, hi in p.conds:
+        v = evaluate(ce, env, tables)
+        mask &= (v >= lo) & (v < hi)
+    idx = [np.broadcast_to(np.asarray(evaluate(e, env, tables)), box) for e in p.index]
+    return mask, idx
 
 
 def _eval_piece(p: Piece, shape: Sequence[int], syms: Mapping[str, int], tables):
