@@ -41,7 +41,7 @@ import torch
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
 from vtcsearch.core.graph import TensorGraph, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size
-from vtcsearch.core.strategy import Resolver, Strategy, StrategyError
+from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, _acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
     from vtcsearch.core.mapping import _run_length
@@ -813,6 +813,7 @@ class Accounting:
         self._key: dict[tuple[str, int], str] = {}
         self._copies: dict[tuple[int, tuple[str, ...]], list | None] = {}
         self._movement_sig: dict[str, tuple] = {}
+        self._option_ok: dict[int, bool] = {}
         self._map_sigs: dict[tuple[str, str], tuple] = {}
         self._maps_by_key: dict[str, IndexMap] = {}
         self._trees_by_key: dict[tuple[str, str], list[int]] = {}
@@ -1113,25 +1114,35 @@ class Accounting:
             return self._copies[ck]
         choice = self.realize(u.tensors, keys)
         got: list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None = None
-        if choice is not None:
-            s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
-            try:
-                s._ensure_structure()    # the strategy's own errors are not a function of the maps
-            except StrategyError:
-                s = None
-            if s is not None:
-                sig, names = self.copy_signature(u, keys)
-                canon = self.shared.copies.get(sig, _UNSET)
-                if canon is _UNSET:
-                    got = self._residual_pieces(s, u)
-                    ids = {n: k for k, n in enumerate(names)}
-                    canon = self.shared.copies[sig] = None if got is None else [
-                        (d, [(_retarget(a, ids), _retarget(b, ids)) for a, b in pairs]) for d, pairs in got]
-                else:
-                    got = None if canon is None else [
-                        (d, [(_retarget(a, names), _retarget(b, names)) for a, b in pairs]) for d, pairs in canon]
+        if choice is not None and self.structure_ok(choice):
+            sig, names = self.copy_signature(u, keys)
+            canon = self.shared.copies.get(sig, _UNSET)
+            if canon is _UNSET:
+                s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
+                got = self._residual_pieces(s, u)
+                ids = {n: k for k, n in enumerate(names)}
+                self.shared.copies[sig] = None if got is None else [
+                    (d, [(_retarget(a, ids), _retarget(b, ids)) for a, b in pairs]) for d, pairs in got]
+            elif canon is not None:
+                got = [(d, [(_retarget(a, names), _retarget(b, names)) for a, b in pairs]) for d, pairs in canon]
         self._copies[ck] = got
         return got
+
+    def structure_ok(self, choice: Mapping[str, int]) -> bool:
+        """Whether a strategy taking ``choice`` (tensor -> option) passes the core's structure check: each
+        option on its own (checked once per option) and no cycle."""
+        for o in choice.values():
+            ok = self._option_ok.get(o)
+            if ok is None:
+                try:
+                    check_tensor_edges(self.vtog, self.option_tensor[o], self.option_edges[o])
+                    ok = True
+                except StrategyError:
+                    ok = False
+                self._option_ok[o] = ok
+            if not ok:
+                return False
+        return _acyclic({t: set(self.option_targets[o]) for t, o in choice.items()})
 
     def _residual_pieces(self, s: Strategy, u: Unit) -> list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None:
         """:meth:`copies` of unit ``u`` under strategy ``s`` (which realizes its maps), from the core."""
