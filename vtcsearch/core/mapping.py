@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -253,17 +253,31 @@ class IndexMap:
     def has_lookup(self) -> bool:
         return any(any(e.has_lookup() for e in p.index) for p in self.pieces)
 
+    def cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept on the map under ``key`` (maps are not changed after construction, and a search
+        asks the same question of the same map many times; ``key`` names the question and its arguments)."""
+        memo = self.__dict__.setdefault("_cache", {})
+        try:
+            return memo[key]
+        except KeyError:
+            got = memo[key] = compute()
+            return got
+
     def syms(self) -> set:
+        return set(self.cached(("syms",), self._syms))
+
+    def _syms(self) -> frozenset:
         out = set()
         for p in self.pieces:
             for e in p.index:
                 out |= e.syms()
             for c, _, _ in p.conds:
                 out |= c.syms()
-        return out
+        return frozenset(out)
 
     def tables(self) -> set[str]:
-        return {lk.table for p in self.pieces for e in p.index for lk in e.lookups()}
+        return set(self.cached(("tables",), lambda: frozenset(lk.table for p in self.pieces for e in p.index
+                                                              for lk in e.lookups())))
 
     def is_box_piecewise(self) -> bool:
         """Every piece is a plain box (no predicate), so pieces can be chosen per block."""
