@@ -343,7 +343,11 @@ class IndexMap:
             if not _piece_injective(p, off):
                 if region_size(p.region) > numeric_limit:
                     return False
-                if not self._numeric_injective([p], strides):
+                key = (p.region, p.index, p.conds, tuple(st))   # the same piece recurs in many maps
+                ok = _PIECE_INJECTIVE.get(key)
+                if ok is None:
+                    ok = _PIECE_INJECTIVE[key] = self._numeric_injective([p], strides)
+                if not ok:
                     return False
             offs.append((p, off))
         by_target: dict[str, list] = {}
@@ -483,6 +487,7 @@ def _normalize(p: Piece) -> Piece | None:
 
 _NORMALIZED: dict[Piece, Piece | None] = {}
 _INJECTIVE: dict[tuple, bool] = {}    # (shape, pieces, limit, target strides) -> IndexMap.is_injective
+_PIECE_INJECTIVE: dict[tuple, bool] = {}   # (region, index, conds, target strides) -> one piece, numerically
 
 
 _MEMOS: list[dict] = []   # memos of modules above this one that clear_memos forgets too (register_memo)
@@ -501,6 +506,7 @@ def clear_memos() -> None:
     _NORMALIZED.clear()
     _COMPOSED.clear()
     _INJECTIVE.clear()
+    _PIECE_INJECTIVE.clear()
     for memo in _MEMOS:
         memo.clear()
 
