@@ -40,7 +40,7 @@ import torch
 
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
 from vtcsearch.core.graph import TensorGraph, kernel_io
-from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size
+from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, _acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
@@ -318,7 +318,22 @@ def _atom_ops(e: Expr) -> float:
 
 def _unlook(e: Expr) -> Expr:
     """Replace ``table[i]`` by ``2*i``: index tensors taken as one-to-one (as the core's write check does),
-    and the rows they pick as distinct but not adjacent (a gather's contiguous run is one row)."""
+    and the rows they pick as distinct but not adjacent (a gather's contiguous run is one row).
+
+    Memoized per expression (immutable): rebuilding one goes through the simplifying arithmetic of div and
+    mod even without a lookup, and the traffic model asks again for every piece's predicates and offset."""
+    got = _UNLOOKED.get(e)
+    if got is None:
+        if len(_UNLOOKED) > 1 << 18:   # a bound on memory
+            _UNLOOKED.clear()
+        got = _UNLOOKED[e] = _unlook_expr(e)
+    return got
+
+
+_UNLOOKED: dict[Expr, Expr] = register_memo({})
+
+
+def _unlook_expr(e: Expr) -> Expr:
     def f(a):
         if isinstance(a, Lookup):
             return _unlook(a.index[0]) * 2 if len(a.index) == 1 else Expr({Var("_lk"): 1})
