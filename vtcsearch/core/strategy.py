@@ -109,6 +109,7 @@ class Strategy:
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
+        self._strides: dict[str, tuple[int, ...]] | None = None
         self._clobbers: list[tuple[str, str]] = []   # (tensor, op): a base copy over runtime-indexed updates
         for e in self.edges:
             if not 0 <= e < len(vtog.edges):
@@ -204,7 +205,9 @@ class Strategy:
         got = self.resolver.strides(self) if self.resolver is not None else None
         if got is not None:
             return got
-        return {s: self.storage_strides(s) for s in self.storages()}
+        if self._strides is None:   # once per strategy: every movement op's residuals ask (quadratic otherwise)
+            self._strides = {s: self.storage_strides(s) for s in self.storages()}
+        return self._strides
 
     def detached(self) -> "Strategy":
         """The same edges with no resolver (what realization and persistence should hold)."""
