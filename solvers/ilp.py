@@ -69,7 +69,7 @@ from collections import defaultdict
 from dataclasses import replace
 from typing import Any
 
-from cost_models import CostOracle, paused_gc
+from cost_models import CostOracle
 from cost_models.accounting import PHYS, LocalStrategy
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
@@ -95,16 +95,7 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     """The exact search (module docstring); ``gap_limit``: stop once CP-SAT proves the incumbent within
     this relative gap of the optimum (0: prove it optimal); ``hint``: options to start from (a seams
     solution, say) instead of greedy's when valid and better; ``cut_batch``: at most this many cuts from one
-    rejected solution (each CP-SAT re-solve presolves again: ~3 s at 2,000 nodes).  Runs with the garbage
-    collector paused (:func:`cost_models.paused_gc`: building prices every configuration)."""
-    with paused_gc():
-        return _solve(vtog, oracle, budget, seed, workers, max_trees, max_configs, max_cuts, hint, warm_start,
-                      gap_limit, cut_batch)
-
-
-def _solve(vtog: VTOG, oracle: CostOracle, budget: float | None, seed: int, workers: int, max_trees: int,
-           max_configs: int, max_cuts: int, hint: list[int] | None, warm_start: bool, gap_limit: float,
-           cut_batch: int) -> SolveResult:
+    rejected solution (each CP-SAT re-solve presolves again: ~3 s at 2,000 nodes)."""
     from ortools.sat.python import cp_model
     run = Run(NAME, vtog, oracle)
     acc = oracle.accounting(vtog)
