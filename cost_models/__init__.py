@@ -15,7 +15,7 @@ from typing import Any
 
 from .accounting import PHYS, Accounting, LocalStrategy, Unit, UnitSpec
 from .analytical import AnalyticalOracle
-from .base import CostOracle, Evaluation, Objective, OracleStats, UnitCost, choice_of, strategy_of
+from .base import CostOracle, Evaluation, Objective, OracleStats, UnitCost, choice_of, paused_gc, strategy_of
 from .hardware import PRESETS, Hardware
 
 ORACLES = ("analytical", "profiling", "recorded")

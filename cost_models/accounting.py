@@ -40,8 +40,8 @@ import torch
 
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
 from vtcsearch.core.graph import TensorGraph, kernel_io
-from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size
-from vtcsearch.core.strategy import Resolver, Strategy, StrategyError
+from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
+from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, _acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
     from vtcsearch.core.mapping import _run_length
@@ -107,6 +107,7 @@ class SharedMemo:
         self.strides = StorageStrides(graph)
         self.write_ok: set[str] = set()          # reprs of maps a kernel may write through
         self.residuals: dict[tuple, tuple[list, list]] = {}
+        self.copies: dict[tuple, list | None] = {}    # Accounting.copy_signature -> pieces, storages numbered
         self.phys_maps: dict[str, IndexMap] = {}      # tensor -> its identity map (physical)
         self.validity: Any = None                     # cost_models.validation: the all-physical baseline
 
@@ -317,7 +318,22 @@ def _atom_ops(e: Expr) -> float:
 
 def _unlook(e: Expr) -> Expr:
     """Replace ``table[i]`` by ``2*i``: index tensors taken as one-to-one (as the core's write check does),
-    and the rows they pick as distinct but not adjacent (a gather's contiguous run is one row)."""
+    and the rows they pick as distinct but not adjacent (a gather's contiguous run is one row).
+
+    Memoized per expression (immutable): rebuilding one goes through the simplifying arithmetic of div and
+    mod even without a lookup, and the traffic model asks again for every piece's predicates and offset."""
+    got = _UNLOOKED.get(e)
+    if got is None:
+        if len(_UNLOOKED) > 1 << 18:   # a bound on memory
+            _UNLOOKED.clear()
+        got = _UNLOOKED[e] = _unlook_expr(e)
+    return got
+
+
+_UNLOOKED: dict[Expr, Expr] = register_memo({})
+
+
+def _unlook_expr(e: Expr) -> Expr:
     def f(a):
         if isinstance(a, Lookup):
             return _unlook(a.index[0]) * 2 if len(a.index) == 1 else Expr({Var("_lk"): 1})
@@ -811,6 +827,9 @@ class Accounting:
         self._map: dict[tuple[str, int], IndexMap] = {}
         self._key: dict[tuple[str, int], str] = {}
         self._copies: dict[tuple[int, tuple[str, ...]], list | None] = {}
+        self._movement_sig: dict[str, tuple] = {}
+        self._option_ok: dict[int, bool] = {}
+        self._map_sigs: dict[tuple[str, str], tuple] = {}
         self._maps_by_key: dict[str, IndexMap] = {}
         self._trees_by_key: dict[tuple[str, str], list[int]] = {}
         self._write_ok: dict[str | tuple, bool] = {}
@@ -1101,31 +1120,94 @@ class Accounting:
         A strategy realizing just the unit's tensors' maps is built and asked
         ``residuals_of``; the pieces of a (j, k) unit are those of output ``j``
         whose region lies in the part of ``out_j`` read from ``in_k``.  ``None``:
-        no acyclic strategy gives these maps together.
+        no acyclic strategy gives these maps together.  The pieces are a function of the op's
+        movement maps and the unit's maps only, so they are computed once per :meth:`copy_signature`
+        (the same copy in another layer is renamed, not recomputed).
         """
         ck = (u.id, keys)
         if ck in self._copies:
             return self._copies[ck]
         choice = self.realize(u.tensors, keys)
         got: list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None = None
-        if choice is not None:
-            s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
-            try:
-                res = s.residuals_of(u.op)
-            except StrategyError:
-                res = None
-            if res is not None:
-                if u.out is None:
-                    got = [(tuple(r.domain), list(r.pairs)) for r in res if r.pairs]
-                else:
-                    op = self.graph.ops[u.op]
-                    want = None if u.src is None else f"in{u.src}"
-                    boxes = [p.region for p in op.movement.outputs[u.out].pieces if p.target == want]
-                    pairs = [(d, q) for r in res if r.dst_tensor == op.outputs[u.out] for d, q in r.pairs
-                             if any(_inside(d.region, b) for b in boxes)]
-                    got = [(tuple(self.graph.tensors[op.outputs[u.out]].shape), pairs)] if pairs else []
+        if choice is not None and self.structure_ok(choice):
+            sig, names = self.copy_signature(u, keys)
+            canon = self.shared.copies.get(sig, _UNSET)
+            if canon is _UNSET:
+                s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
+                got = self._residual_pieces(s, u)
+                ids = {n: k for k, n in enumerate(names)}
+                self.shared.copies[sig] = None if got is None else [
+                    (d, [(_retarget(a, ids), _retarget(b, ids)) for a, b in pairs]) for d, pairs in got]
+            elif canon is not None:
+                got = [(d, [(_retarget(a, names), _retarget(b, names)) for a, b in pairs]) for d, pairs in canon]
         self._copies[ck] = got
         return got
+
+    def structure_ok(self, choice: Mapping[str, int]) -> bool:
+        """Whether a strategy taking ``choice`` (tensor -> option) passes the core's structure check: each
+        option on its own (checked once per option) and no cycle."""
+        for o in choice.values():
+            ok = self._option_ok.get(o)
+            if ok is None:
+                try:
+                    check_tensor_edges(self.vtog, self.option_tensor[o], self.option_edges[o])
+                    ok = True
+                except StrategyError:
+                    ok = False
+                self._option_ok[o] = ok
+            if not ok:
+                return False
+        return _acyclic({t: set(self.option_targets[o]) for t, o in choice.items()})
+
+    def _residual_pieces(self, s: Strategy, u: Unit) -> list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None:
+        """:meth:`copies` of unit ``u`` under strategy ``s`` (which realizes its maps), from the core."""
+        try:
+            res = s.residuals_of(u.op)
+        except StrategyError:
+            return None
+        if u.out is None:
+            return [(tuple(r.domain), list(r.pairs)) for r in res if r.pairs]
+        op = self.graph.ops[u.op]
+        want = None if u.src is None else f"in{u.src}"
+        boxes = [p.region for p in op.movement.outputs[u.out].pieces if p.target == want]
+        pairs = [(d, q) for r in res if r.dst_tensor == op.outputs[u.out] for d, q in r.pairs
+                 if any(_inside(d.region, b) for b in boxes)]
+        return [(tuple(self.graph.tensors[op.outputs[u.out]].shape), pairs)] if pairs else []
+
+    def copy_signature(self, u: Unit, keys: tuple[str, ...]) -> tuple[tuple, list[str]]:
+        """(what copy unit ``u``'s residual pieces depend on, without storage names; the storages in
+        first-occurrence order): the op's movement maps, which of its tensors the unit's are, and the
+        unit's maps with their storages numbered, with each storage's shape and strides.  Index tables and
+        runtime scalars stay named (an op whose own maps index a table keeps its tensor names)."""
+        op = self.graph.ops[u.op]
+        mv = self._movement_sig.get(u.op)
+        if mv is None:
+            m = op.movement
+            mv = (tuple((x.shape, x.pieces) for x in m.outputs),
+                  tuple((x.output, x.source, x.map.shape, x.map.pieces) for x in m.updates))
+            if any(x.tables() for x in m.outputs) or any(x.map.tables() for x in m.updates):
+                mv += (tuple(op.inputs), tuple(op.outputs))
+            self._movement_sig[u.op] = mv
+        ids: dict[str, int] = {}
+        maps = []
+        for t, k in zip(u.tensors, keys):
+            shape, pieces, targets = self._map_sig(t, k)
+            maps.append((shape, pieces, tuple(ids.setdefault(x, len(ids)) for x in targets)))
+        names = list(ids)
+        storages = tuple((self.graph.tensors[x].shape, tuple(self.strides[x])) for x in names)
+        where = tuple(u.tensors.index(t) for t in op.inputs + op.outputs if t in u.tensors)
+        return (mv, u.out, u.src, where, tuple(maps), storages), names
+
+    def _map_sig(self, t: str, key: str) -> tuple[tuple[int, ...], tuple, tuple[str, ...]]:
+        """(shape, pieces with their targets numbered locally, the targets in that order) of a map by key."""
+        hit = self._map_sigs.get((t, key))
+        if hit is None:
+            m = self.map_by_key(t, key)
+            local: dict[str, int] = {}
+            pieces = tuple(p if p.target is None else _retarget(p, local.setdefault(p.target, len(local)))
+                           for p in m.pieces)
+            hit = self._map_sigs[t, key] = (m.shape, pieces, tuple(local))
+        return hit
 
     def copy_maps(self, domain: tuple[int, ...], pairs: Sequence[tuple[Piece, Piece]]) -> tuple[IndexMap, IndexMap]:
         """(destination map, source map) of one residual copy; memoized by content, as configurations that
@@ -1261,6 +1343,14 @@ class Accounting:
 
 class ImpossibleConfig(ValueError):
     """No acyclic strategy gives a unit's tensors this combination of maps."""
+
+
+def _retarget(p: Piece, target) -> Piece:
+    """``p`` landing in ``target`` (or in ``target[p.target]`` when a mapping is given)."""
+    if p.target is None:
+        return p
+    return Piece(target[p.target] if isinstance(target, (dict, list)) else target, p.region, p.index, p.conds,
+                 p.fill)
 
 
 def _inside(a, b) -> bool:

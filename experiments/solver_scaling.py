@@ -113,6 +113,8 @@ def one(v, capture_s: float, solver: str, decompose: bool | str) -> dict[str, An
            "bound_us": info["bound"] * 1e6 if isinstance(info.get("bound"), (int, float)) else None,
            "gap": info.get("gap"), "parts": info.get("parts"), "solves": info.get("solves"),
            "configurations": info.get("configurations"), "unit_queries": oracle.stats.unit_queries,
+           "query_ms": 1e3 * oracle.stats.query_seconds / max(1, oracle.stats.unit_queries),
+           "max_query_ms": 1e3 * oracle.stats.max_query_seconds,
            "incumbent": info.get("incumbent"), "complete": info.get("complete"),
            "decomposition_failed": info.get("decomposition_failed"), "gap_limit": info.get("gap_limit"),
            "incumbent_from": info.get("warm_start")}
@@ -188,10 +190,11 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
              "Decomposed rows sum build and solve over the parts solved; decomp. `seams` = "
              "`decompose=\"seams\"` (parts cut between repeated layers, hub tensors kept physical: not proven "
              "optimal); `seeded` = the whole ILP started from the seams' solution.  search s = the solver alone "
-             "(total minus capture).", "",
+             "(total minus capture).  queries = distinct (unit, configuration) costs the oracle answered; "
+             "query ms = their mean / max wall time (from run 9).", "",
              "| run | model | VTOG nodes | options | solver | decomp. | capture s | build s | solve s | search s | total s | target s "
-             "| status | objective us | bound us | gap | parts/solved |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| status | objective us | bound us | gap | parts/solved | queries | query ms mean / max |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for _, r in df.iterrows():
         tgt = r.get("target_s")
         met = ""
@@ -199,11 +202,14 @@ def _report(df, path: str, env: dict[str, Any], models: Sequence[str]) -> None:
             met = " (met)" if r["total_s"] <= tgt else f" (missed by {r['total_s'] - tgt:.0f} s)"
         parts = "" if r.get("parts") is None or (isinstance(r.get("parts"), float) and math.isnan(r["parts"])) \
             else f"{int(r['parts'])}/{int(r['solves'])}"
+        qms = _fmt(r.get("query_ms"), ".3f")
+        if qms:
+            qms += f" / {_fmt(r.get('max_query_ms'), '.1f')}"
         lines.append(f"| {run_of[r['command'], r['date']]} | {r['model']} | {r['vtog_nodes']} | {r['options']} | {r['solver']} | "
                      f"{_decomp(r['decompose'])} | {_fmt(r.get('capture_s'))} | {_fmt(r.get('build_s'))} | "
                      f"{_fmt(r.get('solve_s'))} | {_fmt(r.get('search_s'))} | {_fmt(r.get('total_s'))} | {_fmt(tgt, '.0f')}{met} | {r['status']} | "
                      f"{_fmt(r.get('objective_us'), '.2f')} | {_fmt(r.get('bound_us'), '.2f')} | "
-                     f"{_fmt(r.get('gap'), '.4f')} | {parts} |")
+                     f"{_fmt(r.get('gap'), '.4f')} | {parts} | {_fmt(r.get('unit_queries'), '.0f')} | {qms} |")
     lines += ["", "Full rows (also search CPU seconds, oracle queries, configurations): `scaling.csv`."]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

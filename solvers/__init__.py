@@ -33,7 +33,7 @@ class _Registry(dict):
         if getattr(mod, "DECOMPOSABLE", False):   # searching solvers: independent parts, repeated ones once
             from .decompose import solve_decomposed
             fn = functools.partial(solve_decomposed, name, mod.solve, decompose=mod.DECOMPOSE)
-        self[name] = fn
+        fn = self[name] = _paused_gc(fn)
         return fn
 
     def __iter__(self):
@@ -47,6 +47,18 @@ class _Registry(dict):
 
     def keys(self):  # type: ignore[override]
         return _MODULES.keys()
+
+
+def _paused_gc(fn: Callable[..., SolveResult]) -> Callable[..., SolveResult]:
+    """``fn`` run with the garbage collector paused (:func:`cost_models.paused_gc`): a search asks the oracle
+    for thousands of costs and builds millions of small memo objects that the collector would walk again and
+    again (the ILP's whole-model builds, greedy's queries: pauses of up to ~1 s each)."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs) -> SolveResult:
+        from cost_models import paused_gc
+        with paused_gc():
+            return fn(*args, **kwargs)
+    return run
 
 
 SOLVERS: dict[str, Callable[..., SolveResult]] = _Registry()

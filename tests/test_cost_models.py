@@ -492,9 +492,51 @@ def test_memoized_costs_equal_fresh(name, params):
         _clear_core_memos()
         facc._copies.clear()
         facc._copy_maps.clear()
+        facc.shared.copies.clear()     # residual pieces per copy signature, shared across layers
         u, keys = space[i]
         c = AnalyticalOracle("H200").unit_cost(facc, facc.units[u.id], keys)   # a cold traffic model
         assert (c.seconds, c.bytes, c.detail) == (costs[i].seconds, costs[i].bytes, costs[i].detail), u.name
+
+
+def test_copy_pieces_by_signature_equal_the_core():
+    """Every copy configuration's residual pieces, served from the memo per copy signature (computed once,
+    shared across layers, renamed back), equal the core's ``residuals_of`` on a plain strategy realizing
+    that configuration; ``structure_ok`` is the core's structure check, and writes are checked the same."""
+    wl = pytest.importorskip("experiments.workloads")
+    from solvers.ilp import _copy_writable
+    from vtcsearch.core.capture import capture
+    w = wl.build_workload("shufflenet", size="tiny")
+    v = build_vtog(capture(w.model, w.example_inputs))
+    acc = AnalyticalOracle("H200").accounting(v)
+    possible = 0
+    for u, keys in acc.configuration_space(max_trees=16, max_configs=64):
+        if u.kind != "copy":
+            continue
+        got = acc.copies(u, keys)
+        choice = acc.realize(u.tensors, keys)
+        if choice is None:
+            assert got is None
+            continue
+        core = Strategy(v, [e.id for o in choice.values() for e in acc.option_edges[o]])   # no memos
+        try:
+            core.resolve()
+            ok = True
+        except StrategyError:
+            ok = False
+        assert acc.structure_ok(choice) == ok
+        assert got == (acc._residual_pieces(core, u) if ok else None), u.name
+        if got is not None:
+            possible += 1
+            for domain, pairs in got:
+                m = acc.copy_maps(domain, pairs)[0]
+                try:
+                    core._check_write(u.tensors[0], m, core.strides(), "test")
+                    want = True
+                except StrategyError:
+                    want = False
+                assert acc.writable(m) == want
+            _copy_writable(acc, u, keys)
+    assert possible > len(acc.shared.copies) > 0     # the memo was shared across layers
 
 
 _GPU_PREPARE = r"""

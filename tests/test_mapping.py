@@ -146,3 +146,21 @@ def test_run_length_through_a_lookup_with_a_four_d_index():
     assert m.run_length() == 16
     m = IndexMap.single((1, 16), "w", (64, 16), [lookup("ids", [v[0], v[0], v[0], v[1]], 0, 63), v[1]])
     assert m.run_length() == 1
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_numeric_injectivity_on_the_box_equals_the_full_grid(seed):
+    """The numeric injectivity check (of pieces it is handed: one target's) evaluates each piece on its own box
+    (sparse grids); the answer is the full-grid evaluation's (every element of the domain, masked to the piece)."""
+    import numpy as np
+    from vtcsearch.core.mapping import _eval_piece, contiguous_strides
+    m = random_chain(seed, 4).map
+    if m.has_lookup() or m.syms() or any(p.target is None for p in m.pieces):
+        pytest.skip("evaluated only without index tensors, runtime scalars or constants")
+    seen = []
+    for p in m.pieces:
+        mask, idx = _eval_piece(p, m.shape, {}, {})
+        flat = sum(idx[k] * s for k, s in enumerate(contiguous_strides(m.target_shapes[p.target])))
+        seen.append(np.broadcast_to(flat, mask.shape)[mask])
+    allv = np.concatenate(seen)
+    assert m._numeric_injective(list(m.pieces), None) == (len(np.unique(allv)) == len(allv))

@@ -140,7 +140,12 @@ def strided_layout(m: "IndexMap", storage_strides: Mapping[str, Sequence[int]]) 
     p = m.pieces[0]
     if p.target is None or p.conds or any((lo, hi) != (0, s) for (lo, hi), s in zip(p.region, m.shape)):
         return None
-    off = p.offset(storage_strides[p.target])
+    st = tuple(storage_strides[p.target])
+    return m.cached(("strided_layout", st), lambda: _strided_layout(m, p, st))
+
+
+def _strided_layout(m: "IndexMap", p: "Piece", st: tuple[int, ...]) -> tuple[tuple[int, ...], int] | None:
+    off = p.offset(st)
     if not off.is_affine() or off.syms() or off.const < 0:
         return None
     if any(not getattr(a, "name", "").startswith("i") for a, _ in off.terms):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -253,17 +253,31 @@ class IndexMap:
     def has_lookup(self) -> bool:
         return any(any(e.has_lookup() for e in p.index) for p in self.pieces)
 
+    def cached(self, key: tuple, compute: Callable[[], Any]) -> Any:
+        """``compute()``, kept on the map under ``key`` (maps are not changed after construction, and a search
+        asks the same question of the same map many times; ``key`` names the question and its arguments)."""
+        memo = self.__dict__.setdefault("_cache", {})
+        try:
+            return memo[key]
+        except KeyError:
+            got = memo[key] = compute()
+            return got
+
     def syms(self) -> set:
+        return set(self.cached(("syms",), self._syms))
+
+    def _syms(self) -> frozenset:
         out = set()
         for p in self.pieces:
             for e in p.index:
                 out |= e.syms()
             for c, _, _ in p.conds:
                 out |= c.syms()
-        return out
+        return frozenset(out)
 
     def tables(self) -> set[str]:
-        return {lk.table for p in self.pieces for e in p.index for lk in e.lookups()}
+        return set(self.cached(("tables",), lambda: frozenset(lk.table for p in self.pieces for e in p.index
+                                                              for lk in e.lookups())))
 
     def is_box_piecewise(self) -> bool:
         """Every piece is a plain box (no predicate), so pieces can be chosen per block."""
@@ -329,7 +343,11 @@ class IndexMap:
             if not _piece_injective(p, off):
                 if region_size(p.region) > numeric_limit:
                     return False
-                if not self._numeric_injective([p], strides):
+                key = (p.region, p.index, p.conds, tuple(st))   # the same piece recurs in many maps
+                ok = _PIECE_INJECTIVE.get(key)
+                if ok is None:
+                    ok = _PIECE_INJECTIVE[key] = self._numeric_injective([p], strides)
+                if not ok:
                     return False
             offs.append((p, off))
         by_target: dict[str, list] = {}
@@ -347,7 +365,7 @@ class IndexMap:
     def _numeric_injective(self, pieces, strides) -> bool:
         seen: list[np.ndarray] = []
         for p in pieces:
-            mask, idx = _eval_piece(p, self.shape, {}, {})
+            mask, idx = _eval_box(p, {}, {})
             if not mask.any():
                 continue
             flat = sum(idx[k] * s for k, s in enumerate(self._strides(strides, p.target)))
@@ -469,6 +487,7 @@ def _normalize(p: Piece) -> Piece | None:
 
 _NORMALIZED: dict[Piece, Piece | None] = {}
 _INJECTIVE: dict[tuple, bool] = {}    # (shape, pieces, limit, target strides) -> IndexMap.is_injective
+_PIECE_INJECTIVE: dict[tuple, bool] = {}   # (region, index, conds, target strides) -> one piece, numerically
 
 
 _MEMOS: list[dict] = []   # memos of modules above this one that clear_memos forgets too (register_memo)
@@ -487,6 +506,7 @@ def clear_memos() -> None:
     _NORMALIZED.clear()
     _COMPOSED.clear()
     _INJECTIVE.clear()
+    _PIECE_INJECTIVE.clear()
     for memo in _MEMOS:
         memo.clear()
 
@@ -632,6 +652,23 @@ def _piece_indices(p: Piece, syms: Mapping[str, int], tables, device) -> tuple[t
         # lanes outside the predicate may compute out-of-range indices: park them at 0
         idx = tuple(torch.where(mask, i, torch.zeros_like(i)) for i in idx)
     return sl, mask, idx
+
+
+def _eval_box(p: Piece, syms: Mapping[str, int], tables):
+    """(mask over the piece's box, target index arrays broadcast over it): :func:`_eval_piece` on the box
+    only, on sparse grids (the indices outside the box are masked out there anyway; a small piece of a large
+    map costs its own size, not the map's)."""
+    box = tuple(hi - lo for lo, hi in p.region)
+    axes = [np.arange(lo, hi, dtype=np.int64) for lo, hi in p.region]
+    grids = np.meshgrid(*axes, indexing="ij", sparse=True) if axes else []
+    env: dict = {f"i{k}": g for k, g in enumerate(grids)}
+    env.update(syms)
+    mask = np.ones(box, dtype=bool)
+    for ce, lo, hi in p.conds:
+        v = evaluate(ce, env, tables)
+        mask &= (v >= lo) & (v < hi)
+    idx = [np.broadcast_to(np.asarray(evaluate(e, env, tables)), box) for e in p.index]
+    return mask, idx
 
 
 def _eval_piece(p: Piece, shape: Sequence[int], syms: Mapping[str, int], tables):

@@ -31,7 +31,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import networkx as nx
 
@@ -109,6 +109,7 @@ class Strategy:
         self._memo: dict[str, IndexMap] = {}
         self._res_memo: dict[str, list[ResidualCopy]] = {}
         self._structure_checked = False
+        self._strides: dict[str, tuple[int, ...]] | None = None
         self._clobbers: list[tuple[str, str]] = []   # (tensor, op): a base copy over runtime-indexed updates
         for e in self.edges:
             if not 0 <= e < len(vtog.edges):
@@ -175,18 +176,7 @@ class Strategy:
     # -- structure ----------------------------------------------------------
     def _check_structure(self) -> None:
         for u, es in self.chosen.items():
-            info = self.graph.tensors[u]
-            if info.physical_only:
-                raise StrategyError("read-only-write" if info.read_only else "overlap", u,
-                                    "graph inputs and outputs must stay physical")
-            for a in range(len(es)):
-                for b in range(a + 1, len(es)):
-                    if frozenset((es[a].id, es[b].id)) in self.vtog.conflicts:
-                        raise StrategyError("overlap", u, f"edges {es[a].id} ({es[a].op}) and {es[b].id} "
-                                                          f"({es[b].op}) both cover some of its indices")
-            covered = sum(e.map.covered_size() or 0 for e in es)
-            if covered != info.numel:
-                raise StrategyError("uncovered", u, f"chosen edges cover {covered} of {info.numel} elements")
+            check_tensor_edges(self.vtog, u, es)
         if _acyclic({u: {e.dst for e in es} for u, es in self.chosen.items()}):
             return
         g = nx.DiGraph()
@@ -215,7 +205,9 @@ class Strategy:
         got = self.resolver.strides(self) if self.resolver is not None else None
         if got is not None:
             return got
-        return {s: self.storage_strides(s) for s in self.storages()}
+        if self._strides is None:   # once per strategy: every movement op's residuals ask (quadratic otherwise)
+            self._strides = {s: self.storage_strides(s) for s in self.storages()}
+        return self._strides
 
     def detached(self) -> "Strategy":
         """The same edges with no resolver (what realization and persistence should hold)."""
@@ -434,6 +426,24 @@ def storage_hazard(storage: str, evs: list[tuple[int, str, str, tuple]], comp: M
 def piece_footprint(p: Piece) -> tuple[tuple[int, int], ...]:
     """Public name of the footprint the hazard rule compares (bounding box of a piece in its storage)."""
     return _footprint(p)
+
+
+def check_tensor_edges(vtog: VTOG, u: str, es: Sequence[Edge]) -> None:
+    """Raise :class:`StrategyError` unless edges ``es`` (all the chosen edges out of ``u``) can make ``u``
+    virtual on their own: ``u`` may be virtual, the edges do not overlap and they cover it.  With
+    acyclicity, the whole structure check (a search checks each of its options once)."""
+    info = vtog.graph.tensors[u]
+    if info.physical_only:
+        raise StrategyError("read-only-write" if info.read_only else "overlap", u,
+                            "graph inputs and outputs must stay physical")
+    for a in range(len(es)):
+        for b in range(a + 1, len(es)):
+            if frozenset((es[a].id, es[b].id)) in vtog.conflicts:
+                raise StrategyError("overlap", u, f"edges {es[a].id} ({es[a].op}) and {es[b].id} "
+                                                  f"({es[b].op}) both cover some of its indices")
+    covered = sum(e.map.covered_size() or 0 for e in es)
+    if covered != info.numel:
+        raise StrategyError("uncovered", u, f"chosen edges cover {covered} of {info.numel} elements")
 
 
 def _acyclic(succ: dict[str, set[str]]) -> bool:
