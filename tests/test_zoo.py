@@ -125,3 +125,22 @@ def test_zoo_full_size_on_gpu(model):
     """Every zoo model at its real size and half type on the GPU, against eager."""
     rec = zoo.check_isolated(model, size="full", timeout_s=1200)
     assert rec["ok"], f"{model}: {rec['error']}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason="needs a CUDA GPU (full sizes, bf16)")
+@pytest.mark.parametrize("model", ["hf_llama_decode", "hf_gemma2_decode"])
+def test_decode_layer_without_virtual_tensors_is_torch_compiles_program(model):
+    """At real size, a decode layer with no virtual tensors and every group on Inductor is one region that
+    updates its KV caches in place and reads the weights where they are: no copy step, and no storage beyond
+    the activations (a transposed weight or a copied cache would add hundreds of MiB)."""
+    from tests.calls import compiled_output, eager_output
+    torch.manual_seed(0)
+    w = build_workload("zoo", model=model, size="full", device="cuda")
+    ref = eager_output(w)
+    out, fast = compiled_output(w, solver="none", implementations=("inductor", "library", "triton"))
+    g, exe = fast.graph, fast.executable
+    assert [st.lowering for st in exe.steps] == ["inductor"]
+    assert not [n for n in exe.folded if any(g.tensors[t].kind == "parameter" for t in g.ops[n].inputs)]
+    assert exe.allocated_bytes < 16 * 2 ** 20
+    torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
