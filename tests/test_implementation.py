@@ -393,6 +393,19 @@ def test_inductor_regions_follow_the_virtual_tensors(chain):
     assert runs == [["convolution"], ["_unsafe_view", "convolution_1"]]
 
 
+def test_inductor_region_runs_through_batch_norms():
+    """An eval batch norm's saved statistics are empty tensors: nothing to write, so they do not end a region
+    (they did: every conv + batch norm of a CNN was a region of its own)."""
+    from vtcsearch.codegen.inductor import regions
+    from vtcsearch.codegen.realize import constant_tensors
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4)).eval()
+    g = capture(m, (torch.randn(1, 3, 6, 6),))
+    v = build_vtog(g)
+    assert len(g.groups) > 1
+    runs = regions(g, all_inductor(g, Strategy(v, set())), g.steps, constant_tensors(g))
+    assert [r for r in runs if set(r) & set(g.groups)] == [[st for st in g.steps if st in g.groups]]
+
+
 @pytest.mark.parametrize("edges", ["none", "maximal"])
 def test_inductor_realization_equals_eager(chain, case, edges):
     """Every group on Inductor, with and without virtual tensors (maximal: eliminated views inside regions,

@@ -276,6 +276,21 @@ def test_copy_constant_fill_and_pad_map():
     assert_written(out, torch.nn.functional.pad(x, (2, 1, 1, 1), value=0.25), exact=True)
 
 
+def test_copy_through_pieces_chosen_by_the_outer_index():
+    """A channel shuffle's cat: each piece's predicate reads only the outer (program) indices, a scalar per
+    tile, which the interpreter must broadcast over the tile (it raised 'mask has unsupported dtype')."""
+    a, b = rnd(1, 4, 2, 8, 8), rnd(1, 4, 2, 8, 8)
+    v = index_vars(5)
+    c = v[1] + v[2] * 4     # the channel of the concatenation, 0..7
+    pieces = [Piece("a", ((0, 1), (0, 4), (0, 2), (0, 8), (0, 8)), (v[0], v[1], v[2], v[3], v[4]), ((c, 0, 4),)),
+              Piece("b", ((0, 1), (0, 4), (0, 2), (0, 8), (0, 8)), (v[0], v[1], v[2], v[3], v[4]), ((c, 4, 8),))]
+    src = Operand(IndexMap((1, 4, 2, 8, 8), pieces, {"a": a.shape, "b": b.shape}), {"a": a, "b": b})
+    out = write_op("identity", (1, 4, 2, 8, 8), 1)
+    copy(out, src)
+    mask = (torch.arange(4)[:, None] + 4 * torch.arange(2)[None, :]) < 4
+    assert_written(out, torch.where(mask[None, :, :, None, None], a, b), exact=True)
+
+
 def test_copy_pieces_runs_only_the_residual_pairs():
     # a Concat with its first input already in place: only the second input is copied
     out = poison(8, 6)

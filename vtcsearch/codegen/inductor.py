@@ -26,6 +26,7 @@ reshape between a GEMM and its residual add does not cut Inductor's fusion.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
@@ -203,6 +204,8 @@ def _in_place(strategy: "Strategy", t: str) -> bool:
     """Inductor writes ``t`` straight into memory: it lives in its own storage, laid out as itself, or its map
     is a strided view of one storage (a reshape, a transpose, a slice of a concatenation)."""
     m = strategy.resolve(t)
+    if math.prod(m.shape) == 0:   # nothing to write (an eval batch norm's empty saved statistics)
+        return True
     if m.targets() == {t} and m.is_identity_layout():
         return True
     strides = {s: contiguous_strides(m.target_shapes[s]) for s in m.targets()}

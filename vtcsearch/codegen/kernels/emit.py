@@ -72,10 +72,15 @@ def const_code(v: float | int, dt: str = "tl.float32") -> str:
     return str(int(v))
 
 
-def _as_mask(m: str) -> str:
-    """A load/store mask as bool: Triton's interpreter (3.9) gives ``scalar_cond & tile_cond`` an int8 value
-    that ``tl.load`` rejects (``mask has unsupported dtype``); compiled Triton needs nothing."""
-    return f"(({m}) != 0)" if interpreting() and "&" in m else m
+def _as_mask(m: str, idx: Sequence[str] = ()) -> str:
+    """A load/store mask as a bool tile: Triton's interpreter (3.9) gives ``scalar_cond & tile_cond`` an int8
+    value that ``tl.load`` rejects (``mask has unsupported dtype``), and does not broadcast a scalar mask (a
+    piece's predicate on program ids only) over the tile; compiled Triton needs neither.  ``idx``: the
+    operand's index codes, whose tile terms (non-negative) give the mask its shape."""
+    if not interpreting():
+        return m
+    tiles = [i for i in idx if "[" in i]
+    return f"(((({m}) != 0) & (({' + '.join(tiles)}) >= 0)) != 0)" if tiles else f"(({m}) != 0)"
 
 
 def _and(*terms: str | None) -> str | None:
@@ -235,7 +240,7 @@ class IO:
             if p.target is None:
                 return f"tl.full({shape}, {const_code(p.fill, dt)}, {dt})"
             off = self._offset_code(n, p, idx, m)
-            mk = f", mask={_as_mask(m)}, other={oth}" if m else ""
+            mk = f", mask={_as_mask(m, idx)}, other={oth}" if m else ""
             cast = "" if self.dtypes[p.target] == dt else f".to({dt})"
             return f"tl.load({self.ptr[p.target]} + {off}{mk}){cast}"
 
@@ -290,7 +295,7 @@ class IO:
 
         def put(n: int, p: Piece, m: str | None) -> str:
             off = self._offset_code(n, p, idx, m)
-            mk = f", mask={_as_mask(m)}" if m else ""
+            mk = f", mask={_as_mask(m, idx)}" if m else ""
             return f"tl.store({self.ptr[p.target]} + {off}, {downcast(value, self.dtypes[p.target])}{mk})"
 
         if not pieces:
