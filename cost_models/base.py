@@ -239,6 +239,19 @@ class CostOracle:
                          f"transient, not cached); those configurations were treated as infeasible. First: "
                          f"{self.error_log[0] if self.error_log else '?'}")
 
+    def unit_specs(self, acc: Accounting, max_trees: int = 128, max_configs: int = 1024) -> Iterator[UnitSpec]:
+        """Every (unit, configuration, implementation) a search over ``acc`` may price, as a spec (the
+        configurations no strategy gives, and copies with nothing left to copy, left out)."""
+        for u, keys in acc.configuration_space(max_trees, max_configs):
+            for impl in self.unit_implementations(acc, u):
+                try:
+                    spec = acc.spec(u, keys, impl)
+                except ImpossibleConfig:
+                    break
+                if spec.empty:
+                    break
+                yield spec
+
     def unit_implementations(self, acc: Accounting, u: Unit) -> tuple[str, ...]:
         """The implementations a solver may give kernel unit ``u`` (``("triton",)`` for copy units)."""
         if u.kind != "kernel" or len(self.implementations) == 1:

@@ -43,7 +43,7 @@ from vtcsearch.core.expr import evaluate
 from vtcsearch.codegen.lowering import substitute as _subst
 from vtcsearch.core.mapping import IndexMap, Piece
 
-from .accounting import ImpossibleConfig, UnitSpec
+from .accounting import UnitSpec
 from .base import CostOracle, Objective, UnitCost, is_transient
 
 
@@ -517,19 +517,12 @@ class ProfilingOracle(CostOracle):
         acc = self.accounting(vtog)
         launch = getattr(self.timer, "launch", None)
         seen: dict[str, UnitSpec] = {}
-        for u, keys in acc.configuration_space(max_trees, max_configs):
-            for impl in self.unit_implementations(acc, u):   # every implementation a solver may ask for
-                try:
-                    spec = acc.spec(u, keys, impl)
-                except ImpossibleConfig:
-                    break
-                if spec.empty:
-                    break
-                for part in dense_parts(spec):
-                    if launch is not None:
-                        part.launch = dict(launch(part) or {})
-                        part._key = None
-                    seen.setdefault(part.key(), part)
+        for spec in self.unit_specs(acc, max_trees, max_configs):   # every implementation a solver may ask for
+            for part in dense_parts(spec):
+                if launch is not None:
+                    part.launch = dict(launch(part) or {})
+                    part._key = None
+                seen.setdefault(part.key(), part)
         return list(seen.values())
 
     def prepare(self, vtog: Any, workers: int | None = None, max_trees: int = 128,

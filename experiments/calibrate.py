@@ -155,7 +155,6 @@ def joined_rows(config_paths: list[str], db: str, cases: list[str] | None = None
     import sqlite3
 
     from cost_models import AnalyticalOracle
-    from cost_models.accounting import ImpossibleConfig
     from cost_models.profiling import key_hash
     from experiments.workloads import build_workload
     from vtcsearch.config import load_config, torch_dtype
@@ -183,24 +182,18 @@ def joined_rows(config_paths: list[str], db: str, cases: list[str] | None = None
                 v = build_vtog(g)
                 oracle = AnalyticalOracle("H200", implementations=impls)
                 acc = oracle.accounting(v)
-                for u, keys in acc.configuration_space(max_trees, max_configs):
-                    for impl in oracle.unit_implementations(acc, u):
-                        try:
-                            spec = acc.spec(u, keys, impl)
-                        except ImpossibleConfig:
-                            continue
-                        if spec.empty:
-                            continue
-                        h = key_hash(spec.key())
-                        if h in seen:
-                            continue
-                        seen.add(h)
-                        if h not in table:
-                            missing += 1
-                            continue
-                        kind = g.groups[u.kernel].kind if u.kind == "kernel" else "copy"
-                        rows.append({"case": f"{label}:bs{batch}", "unit": u.name, "kind": kind, "impl": impl,
-                                     "spec": spec, "seconds": float(table[h])})
+                for spec in oracle.unit_specs(acc, max_trees, max_configs):
+                    h = key_hash(spec.key())
+                    if h in seen:
+                        continue
+                    seen.add(h)
+                    if h not in table:
+                        missing += 1
+                        continue
+                    u = spec.unit
+                    kind = g.groups[u.kernel].kind if u.kind == "kernel" else "copy"
+                    rows.append({"case": f"{label}:bs{batch}", "unit": u.name, "kind": kind, "impl": spec.impl,
+                                 "spec": spec, "seconds": float(table[h])})
     return rows, missing
 
 
