@@ -41,7 +41,7 @@ import torch
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
 from vtcsearch.core.graph import TensorGraph, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
-from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, _acyclic, check_tensor_edges
+from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
     from vtcsearch.core.mapping import _run_length
@@ -1157,7 +1157,7 @@ class Accounting:
                 self._option_ok[o] = ok
             if not ok:
                 return False
-        return _acyclic({t: set(self.option_targets[o]) for t, o in choice.items()})
+        return acyclic({t: set(self.option_targets[o]) for t, o in choice.items()})
 
     def _residual_pieces(self, s: Strategy, u: Unit) -> list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None:
         """:meth:`copies` of unit ``u`` under strategy ``s`` (which realizes its maps), from the core."""

@@ -585,6 +585,7 @@ def dense_parts(spec: UnitSpec) -> list[UnitSpec]:
     operands: list[Operand] = []
     copies: list[UnitSpec] = []
     flat: dict[str, tuple] = {}   # flat storage -> (shape, strides, dtype)
+    views: list[tuple[int, Operand, str, Expr]] = []   # (position, operand, flat storage, index into it)
     for o in spec.operands:
         shape, layout = o.map.shape, strided_layout(o.map, strides)
         if needs_copy(INDUCTOR, o.map, strides):   # through a dense buffer: the kernel reads or writes that
@@ -608,9 +609,11 @@ def dense_parts(spec: UnitSpec) -> list[UnitSpec]:
         index = Expr(const=offset)
         for v, st in zip(index_vars(len(shape)), view_strides):
             index = index + v * int(st)
-        operands.append(Operand(o.tensor, o.role, IndexMap.single(shape, base, (1,), [index]), o.dtype, o.itemsize))
-    operands = [Operand(o.tensor, o.role, IndexMap(o.map.shape, o.map.pieces, {t: flat[t][0] for t in o.map.targets()}),
-                        o.dtype, o.itemsize) if o.map.targets() & flat.keys() else o for o in operands]
+        views.append((len(operands), o, base, index))
+        operands.append(o)
+    for k, o, base, index in views:   # once every view's span is known
+        operands[k] = Operand(o.tensor, o.role, IndexMap.single(o.map.shape, base, flat[base][0], [index]), o.dtype,
+                              o.itemsize)
     kernel = _part(spec, spec.unit, operands, flat, ops=spec.ops, flops=spec.flops,
                    tensor_core=spec.tensor_core, compute_dtype=spec.compute_dtype)
     kernel.impl = spec.impl

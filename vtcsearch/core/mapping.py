@@ -672,15 +672,15 @@ def _eval_box(p: Piece, syms: Mapping[str, int], tables):
 
 
 def _eval_piece(p: Piece, shape: Sequence[int], syms: Mapping[str, int], tables):
-    """(mask over the full virtual shape, target index arrays broadcast over it)."""
-    grids = np.meshgrid(*[np.arange(s) for s in shape], indexing="ij") if shape else []
-    env: dict = {f"i{k}": g for k, g in enumerate(grids)}
-    env.update(syms)
-    mask = np.ones(tuple(shape), dtype=bool)
-    for k, (lo, hi) in enumerate(p.region):
-        mask &= (grids[k] >= lo) & (grids[k] < hi)
-    for ce, lo, hi in p.conds:
-        v = evaluate(ce, env, tables)
-        mask &= (v >= lo) & (v < hi)
-    idx = [np.broadcast_to(np.asarray(evaluate(e, env, tables)), tuple(shape)) for e in p.index]
+    """(mask over the full virtual shape, target index arrays over it, zero outside the mask):
+    :func:`_eval_box` placed at the piece's box."""
+    box_mask, box_idx = _eval_box(p, syms, tables)
+    at = tuple(slice(lo, hi) for lo, hi in p.region)
+    mask = np.zeros(tuple(shape), dtype=bool)
+    mask[at] = box_mask
+    idx = []
+    for v in box_idx:
+        full = np.zeros(tuple(shape), dtype=v.dtype)
+        full[at] = v
+        idx.append(full)
     return mask, idx

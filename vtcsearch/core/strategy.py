@@ -177,7 +177,7 @@ class Strategy:
     def _check_structure(self) -> None:
         for u, es in self.chosen.items():
             check_tensor_edges(self.vtog, u, es)
-        if _acyclic({u: {e.dst for e in es} for u, es in self.chosen.items()}):
+        if acyclic({u: {e.dst for e in es} for u, es in self.chosen.items()}):
             return
         g = nx.DiGraph()
         g.add_edges_from((e.src, e.dst) for es in self.chosen.values() for e in es)
@@ -446,7 +446,7 @@ def check_tensor_edges(vtog: VTOG, u: str, es: Sequence[Edge]) -> None:
         raise StrategyError("uncovered", u, f"chosen edges cover {covered} of {info.numel} elements")
 
 
-def _acyclic(succ: dict[str, set[str]]) -> bool:
+def acyclic(succ: dict[str, set[str]]) -> bool:
     """No cycle in a small points-to graph (Kahn's algorithm; networkx only names a cycle once found)."""
     indeg: dict[str, int] = {}
     for u, vs in succ.items():
