@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What runs on the H200 (one call of at most 10 minutes each): the GPU tests, then runner configs.
 #   bash experiments/h200.sh tests|CONFIG [OUT]      (CONFIG: a configs/*.yaml stem, run by python -m vtcsearch.run)
-#   bash experiments/h200.sh pieces OUT "CONFIG|RUNNER ARGS" ...   (several --append runs in one call)
+#   bash experiments/h200.sh pieces OUT "CONFIG|RUNNER ARGS" ...   (several --append runs in one call;
+#                                                                     a piece "pytest|PYTEST ARGS" runs GPU tests)
 # The machine has no network: OR-Tools and Optuna (with protobuf, immutabledict, sqlalchemy, greenlet, alembic,
 # mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`.
 set -uo pipefail
@@ -27,6 +28,10 @@ case "${1:-tests}" in
     for piece in "$@"; do
       cfg=${piece%%|*}; args=${piece#*|}; left=$(( ${CALL_S:-545} - SECONDS ))
       [ "$left" -lt 60 ] && { echo "skipped (no time): $piece"; continue; }
+      if [ "$cfg" = pytest ]; then   # "pytest|tests/test_zoo.py -k without_virtual": GPU tests as a piece
+        timeout -k 20 "$left" python3 -m pytest -q -m gpu -p no:cacheprovider $args 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -15
+        continue
+      fi
       RES=$(python3 -c "from vtcsearch.config import load_config; print(load_config('configs/$cfg.yaml').output)")
       # SIGTERM at the deadline: the runner writes the variants it measured (exit 124); killed 20 s later if stuck
       timeout -k 20 "$left" python3 -m vtcsearch.run "configs/$cfg.yaml" $args --append >> "$OUT/$cfg.log" 2>&1

@@ -584,6 +584,33 @@ def test_reference_baseline_is_not_the_best_baseline():
     assert by["vtc_ilp"]["x_floor"] == pytest.approx(2.5) and by["vtc_none"]["speedup_vs_none"] == 1.0
 
 
+def test_speedups_are_against_the_baseline_of_the_same_process():
+    """A case run in pieces (--append) holds rows of several runs: a row's speedup is against the baseline its
+    own run measured; only a run that measured none is compared across processes, and the row says so."""
+    from vtcsearch.run import finish_rows
+    old = {"command": "run A", "date": "2026-12-04T10:00"}
+    rows = [{"variant": "vtc_ilp", "kind": "vtcsearch", "measured_latency_us": 50.0, **old},
+            {"variant": "compile_max_autotune_graph", "kind": "baseline", "measured_latency_us": 100.0, **old},
+            {"variant": "vtc_none", "kind": "vtcsearch", "measured_latency_us": 90.0},            # this run's rows
+            {"variant": "compile_max_autotune_graph", "kind": "baseline", "measured_latency_us": 80.0},
+            {"variant": "vtc_all", "kind": "vtcsearch", "measured_latency_us": 40.0, "command": "run B",
+             "date": "2026-12-04T11:00"}]
+    finish_rows(rows, measured=True)
+    ilp, old_base, none, _, all_ = rows
+    assert ilp["speedup_vs_best_baseline"] == pytest.approx(2.0) and ilp["baseline_same_process"] is True
+    assert none["speedup_vs_best_baseline"] == pytest.approx(80.0 / 90.0) and none["baseline_same_process"]
+    assert all_["speedup_vs_best_baseline"] == pytest.approx(2.0) and all_["baseline_same_process"] is False
+    from vtcsearch import report
+    assert report._dagger(all_) == " †" and report._dagger(ilp) == ""
+    # an earlier run whose baselines were all slower than the best one measured since: against the best, marked
+    rows[3]["variant"] = "compile_default"
+    for r in rows:
+        r["speedup_vs_best_baseline"] = r["baseline_same_process"] = None
+    finish_rows(rows, measured=True)
+    assert ilp["speedup_vs_best_baseline"] == pytest.approx(80.0 / 50.0) and ilp["baseline_same_process"] is False
+    assert old_base["speedup_vs_best_baseline"] == pytest.approx(0.8) and none["baseline_same_process"] is True
+
+
 def test_variant_names_and_kinds_mean_one_thing():
     from experiments.baselines import BASELINES
     from vtcsearch.schema import VariantKind, solver_of, variant_name

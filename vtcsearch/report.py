@@ -31,6 +31,11 @@ def with_provenance(rows: list[dict[str, Any]], run: dict[str, Any]) -> list[dic
              "date": r.get("date") or run.get("date")} for r in rows]
 
 
+def _dagger(row: dict[str, Any]) -> str:
+    """† on a speedup over a baseline measured in another process (another ``--append`` run)."""
+    return " †" if row.get("baseline_same_process") is False else ""
+
+
 def latency_word(summary: dict[str, Any]) -> str:
     return "measured" if summary["measured"] else "modelled"
 
@@ -222,11 +227,14 @@ def markdown(summary: dict[str, Any]) -> str:
         status = r["status"] if r["status"] == "ok" else f"{r['status']} (below)"
         lines.append(f"| {r['case']} | {r['batch']} | {r['variant']} | {status} | {_fmt(r['latency_us'])} | "
                      f"{_fmt(r['speedup_vs_none'], '.2f')} | "
-                     + (f"{_fmt(r['speedup_vs_best_baseline'], '.2f')} | " if measured else "")
+                     + (f"{_fmt(r['speedup_vs_best_baseline'], '.2f')}{_dagger(r)} | " if measured else "")
                      + f"{_fmt(memory_of(r, measured), '.4g')} | {_fmt(r['kernels'], 'd')} | "
                      f"{_fmt(r['movement_kernels'], 'd')} | {_fmt(r['movement_us'])} | "
                      f"{_fmt(r['eliminated_ops'], 'd')} | {num} |")
     lines.append("")
+    if any(r.get("baseline_same_process") is False for r in summary["rows"]):
+        lines += ["† against a baseline measured in another run of the case (another `--append` command): that "
+                  "run measured no baseline, so the ratio is not side by side in one process.", ""]
 
     lines += floor_section(summary) + accuracy_section(summary) + steps_section(summary) + conv_section(summary)
 
@@ -389,7 +397,7 @@ def print_table(summary: dict[str, Any]) -> None:
         num = "" if r["numerics_ok"] is None else ("ok" if r["numerics_ok"] else "FAILED")
         cells = [r["case"], str(r["batch"]), r["variant"], _fmt(r["latency_us"]), _fmt(r["speedup_vs_none"], ".2f")]
         if measured:
-            cells.append(_fmt(r["speedup_vs_best_baseline"], ".2f"))
+            cells.append(_fmt(r["speedup_vs_best_baseline"], ".2f") + _dagger(r))
         cells += [_fmt(memory_of(r, measured), ".4g"),
                   f"{_fmt(r['kernels'], 'd')} ({_fmt(r['movement_kernels'], 'd')})" if r["kernels"] is not None
                   else "-", num]

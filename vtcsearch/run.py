@@ -708,17 +708,31 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool, floor_us: float | No
         elif r["predicted_latency_us"] is not None and not measured:
             r["latency_us"], r["latency_source"] = r["predicted_latency_us"], "modelled"
     none = next((r for r in rows if r["variant"] == variant_name("none") and r["latency_us"]), None)
-    base = [r["measured_latency_us"] for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]
+    base = [r for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]
             and r["variant"] not in REFERENCE_BASELINES]
-    best = min(base) if base else None
     for r in rows:
         if r["latency_us"]:
             if none is not None:
                 r["speedup_vs_none"] = none["latency_us"] / r["latency_us"]
+            # a speedup is a ratio measured side by side in one process: against the best baseline's run in the
+            # row's own run (rows of one run share command and date; this run's have neither yet); against
+            # another run's (a case run in pieces) only where its run did not measure that baseline, and the
+            # row says so
+            top = min(base, key=lambda b: b["measured_latency_us"], default=None)
+            same = [b["measured_latency_us"] for b in base if _run_of(b) == _run_of(r)]
+            same = same if top is not None and any(b["variant"] == top["variant"] and _run_of(b) == _run_of(r)
+                                                   for b in base) else []
+            best = min(same, default=top and top["measured_latency_us"])
             if best and r["measured_latency_us"]:
                 r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
+                r["baseline_same_process"] = bool(same)
             if floor_us:
                 r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
+
+
+def _run_of(row: dict[str, Any]) -> tuple[Any, Any]:
+    """The run (process) a row was measured in."""
+    return row.get("command"), row.get("date")
 
 
 def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, command: str = "",
@@ -945,7 +959,7 @@ def merge_case(summary: dict[str, Any], case: dict[str, Any], rows: list[dict[st
     summary["rows"] = [r for r in summary["rows"] if not same(r)]
     merged = old_rows + rows
     for r in merged:                       # recomputed below from the merged rows
-        r["speedup_vs_none"] = r["speedup_vs_best_baseline"] = None
+        r["speedup_vs_none"] = r["speedup_vs_best_baseline"] = r["baseline_same_process"] = None
     finish_rows(merged, bool(summary.get("measured")), (case.get("floor") or {}).get("floor_us"))
     summary["rows"] += merged
     old = next((c for c in summary["cases"] if same(c)), None)

@@ -126,8 +126,8 @@ def region_ops(graph: TensorGraph, steps: Sequence[str]) -> list[str]:
 
 def _touched(ctx: Context, t: str) -> set[str]:
     """The storages ``t``'s map reads: its targets and the storages of its index tables (a gather's indices)."""
-    m = ctx.operand(t).map
-    return set(m.targets()).union(*(ctx.operand(tb).map.targets() for tb in m.tables()))
+    m = ctx.resolve(t)
+    return set(m.targets()).union(*(ctx.resolve(tb).targets() for tb in m.tables()))
 
 
 def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -143,7 +143,7 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
     outs = [t for t in outs if not (t in g.mutations and not g.tensors[t].is_output and
                                     all(c in ops for c in g.tensors[t].consumers))]
     eliminated = {t for st in steps if st not in g.groups for t in g.ops[st].outputs   # (a copy's is its own)
-                  if ctx.operand(t).map.targets() != {t}}
+                  if ctx.resolve(t).targets() != {t}}
     kept: list[str] = []
     for t in outs:
         # the tensor owning a storage holds all of it: writing its value writes what ``t`` maps to; a storage

@@ -110,7 +110,8 @@ def lower_library(ctx: Context, group: Group) -> Launch:
     if has_epilogue:   # the product lives only between the call and the epilogue: a dense buffer of its own
         out = ctx.scratch(g.tensors[t_out].shape, g.tensors[t_out].dtype)
         prod = Operand.dense(out, t_out)
-        ep_ctx = Context(g, lambda t: prod if t == t_out else ctx.operand(t), ctx.scratch, ctx.device)
+        ep_ctx = Context(g, lambda t: prod if t == t_out else ctx.operand(t), ctx.scratch, ctx.device,
+                         lambda t: prod.map if t == t_out else ctx.resolve(t))
     else:
         out, scatter = _dense_output(ctx, t_out, group.kind)
         if scatter is not None:

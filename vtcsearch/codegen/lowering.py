@@ -31,6 +31,7 @@ from .kernels.codecache import Plan
 
 if TYPE_CHECKING:
     from ..core.graph import OpNode, TensorGraph
+    from ..core.mapping import IndexMap
 
 aten = torch.ops.aten
 
@@ -69,11 +70,15 @@ class Launch:
 
 
 class Context:
-    """What a lowering may ask: the graph, operands over the storages, scratch memory."""
+    """What a lowering may ask: the graph, operands over the storages, scratch memory, and a tensor's resolved
+    map without its storages (``operand`` allocates every storage the map reads; ``resolve`` allocates nothing,
+    for a question about a tensor that may never be materialised)."""
 
     def __init__(self, graph: "TensorGraph", operand: Callable[[str], Operand],
-                 scratch: Callable[[Sequence[int], torch.dtype], torch.Tensor], device: torch.device):
+                 scratch: Callable[[Sequence[int], torch.dtype], torch.Tensor], device: torch.device,
+                 resolve: Callable[[str], "IndexMap"] | None = None):
         self.graph, self.operand, self.scratch, self.device = graph, operand, scratch, device
+        self.resolve = resolve or (lambda t: operand(t).map)
 
     def dense(self, shape: Sequence[int], dtype: torch.dtype, name: str = "tmp") -> Operand:
         return Operand.dense(self.scratch(shape, dtype), name)

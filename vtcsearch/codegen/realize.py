@@ -195,7 +195,7 @@ class Executable:
     # -- building -----------------------------------------------------------
     def _build(self) -> None:
         g, s = self.graph, self.strategy
-        ctx = Context(g, self.operand, self._scratch, self.device)
+        ctx = Context(g, self.operand, self._scratch, self.device, s.resolve)
         const = constant_tensors(g)
         runs = regions(g, s, g.steps, const)
         if self.reuse_memory:
