@@ -68,6 +68,20 @@ class Unit:
     op: str | None = None           # copy units: the movement op
     out: int | None = None          # copy units: output index j (None: the whole op)
     src: int | None = None          # copy units: input index k (None with out set: the constant fill)
+    # kernel units: copy units that Inductor's code for this kernel performs as it reads or writes (fuse_copies);
+    # the copies' tensors that are not the kernel's own follow them in ``tensors``, as the fusion depends on
+    # their maps too
+    fuses: tuple["Unit", ...] = ()
+    n_fused_tensors: int = 0
+
+    @property
+    def own_tensors(self) -> tuple[str, ...]:
+        """The kernel's I/O (``tensors`` less those of the copies it fuses)."""
+        return self.tensors[:len(self.tensors) - self.n_fused_tensors]
+
+    def without_fusion(self) -> "Unit":
+        """The kernel unit alone, over its own I/O: what its implementations cost before any fused copy."""
+        return replace(self, tensors=self.own_tensors, fuses=(), n_fused_tensors=0) if self.fuses else self
 
 
 class StorageStrides(Mapping):
@@ -794,8 +808,11 @@ def _args_text(args, kwargs) -> str:
 class Accounting:
     """Units, resolution trees, maps and residual pieces of one VTOG (shared by oracles and solvers)."""
 
-    def __init__(self, vtog: VTOG):
+    def __init__(self, vtog: VTOG, fuse: bool = False):
+        """``fuse``: attach to each kernel unit the copies Inductor would run inside it (:func:`fuse_copies`;
+        for an oracle that may choose Inductor)."""
         g = vtog.graph
+        self.fuse = fuse
         self.vtog, self.graph = vtog, g
         self.order = g.order()
         self.n_steps = len(g.ops)
@@ -887,6 +904,8 @@ class Accounting:
                 if any(p.target is None for p in m.pieces):
                     units.append(Unit(len(units), "copy", f"{op.name}[{j}<-fill]", (op.outputs[j],),
                                       op=op.name, out=j))
+        if self.fuse:
+            units = fuse_copies(g, self.kernel_ops, units)
         if getattr(self.vtog, "parent", None) is not None:
             # a part of a larger VTOG (solvers.decompose.sub_vtog): only the units whose maps its options can
             # change; every other unit's cost is the same under every strategy of the part (a constant the
@@ -1124,7 +1143,7 @@ class Accounting:
         movement maps and the unit's maps only, so they are computed once per :meth:`copy_signature`
         (the same copy in another layer is renamed, not recomputed).
         """
-        ck = (u.id, keys)
+        ck = (u.name, keys)
         if ck in self._copies:
             return self._copies[ck]
         choice = self.realize(u.tensors, keys)
@@ -1339,6 +1358,61 @@ class Accounting:
             diff[a + 1] += size
             diff[hi[s] + 2] -= size
         return int(self.const_bytes + np.cumsum(diff).max())
+
+
+def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: list[Unit]) -> list[Unit]:
+    """``units`` with each kernel unit's fusible copies attached (``Unit.fuses``).
+
+    Inductor inlines pointwise code into its consumers and index arithmetic into its loads and stores: a
+    movement op's copy runs inside the generated code (a pointwise or reduction op, not an extern GEMM,
+    convolution or attention) that produces or reads the values it moves, directly or through other movement
+    ops (a channel shuffle and concatenation between BN + ReLUs, a head transpose read by RoPE): torch.compile
+    runs a whole ShuffleNetV2 with 2 copy kernels.  The copy is given to the nearest such kernel around its
+    movement ops (none: it stays a copy kernel, as between two extern GEMMs).  Whether the fusion happens
+    depends on that kernel's implementation and on the copy's tensors staying physical, so the kernel unit's
+    configuration includes them, and its Inductor cost is less the copy's (``CostOracle.unit_cost``): every
+    solver sees the fusion that the realization's Inductor regions get.
+    """
+    owner = {o: k for k, ops in kernel_ops.items() for o in ops}
+
+    def generated(op: str) -> str | None:
+        """The kernel whose generated code runs ``op``, if any."""
+        k = owner.get(op)
+        return k if k in g.groups and g.ops[op].category in ("pointwise", "reduction") else None
+
+    def adjacent_kernel(op: str, limit: int = 64) -> str | None:
+        """The nearest kernel with generated code around ``op``'s connected movement ops (producers first)."""
+        seen, queue = {op}, [op]
+        while queue and len(seen) <= limit:
+            m = g.ops[queue.pop(0)]
+            near = [g.tensors[t].producer for t in m.inputs] + [c for t in m.outputs for c in g.tensors[t].consumers]
+            for o in near:
+                if o in owner:
+                    if generated(o):
+                        return owner[o]
+                elif o in g.ops and g.ops[o].kind == "movement" and o not in seen:
+                    seen.add(o)
+                    queue.append(o)
+        return None
+
+    fused: dict[str, list[Unit]] = {}
+    for cu in units:
+        if cu.kind != "copy" or cu.src is None or cu.out is None:
+            continue
+        op = g.ops[cu.op]
+        if any(g.tensors[t].mutable for t in (op.inputs[cu.src], op.outputs[cu.out])):
+            continue
+        k = adjacent_kernel(cu.op)
+        if k is not None:
+            fused.setdefault(k, []).append(cu)
+    out = []
+    for u in units:
+        cus = fused.get(u.kernel or "") if u.kind == "kernel" else None
+        if cus:
+            extra = tuple(dict.fromkeys(t for c in cus for t in c.tensors if t not in u.tensors))
+            u = replace(u, tensors=u.tensors + extra, fuses=tuple(cus), n_fused_tensors=len(extra))
+        out.append(u)
+    return out
 
 
 class ImpossibleConfig(ValueError):

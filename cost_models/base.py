@@ -13,7 +13,7 @@ import gc
 import math
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from vtcsearch.core.strategy import Strategy
@@ -174,7 +174,8 @@ class CostOracle:
         hit = self._acc.get(id(vtog))
         if hit is not None and hit[0]() is vtog:
             return hit[1]
-        acc = Accounting(vtog)
+        from vtcsearch.core.implementation import INDUCTOR
+        acc = Accounting(vtog, fuse=INDUCTOR in self.implementations)
         self._acc = {k: v for k, v in self._acc.items() if v[0]() is not None}
         self._acc[id(vtog)] = (weakref.ref(vtog), acc)
         return acc
@@ -185,8 +186,10 @@ class CostOracle:
         memo = self._costs.get(acc)
         if memo is None:
             memo = self._costs[acc] = {}
-        ck = (u.id, keys) if impl == "triton" else (u.id, keys, impl)
-        c = memo.get(ck)
+        ck = (u.name, keys) if impl == "triton" else (u.name, keys, impl)   # by name: a decomposed search's
+        c = memo.get(ck)                                                     # parts renumber their units
+        if c is None and u.fuses:
+            memo[ck] = c = self._fused_cost(acc, u, keys, impl)
         if c is None:
             t_query = time.perf_counter()
             self.stats.unit_queries += 1
@@ -217,6 +220,30 @@ class CostOracle:
             self.stats.query_seconds += dt
             self.stats.max_query_seconds = max(self.stats.max_query_seconds, dt)
         return c
+
+    def _fused_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...], impl: str) -> UnitCost:
+        """A kernel unit with fusible copies (:func:`cost_models.accounting.fuse_copies`): its own cost, and
+        run by Inductor, less the cost of each copy it performs as it writes (both sides physical)."""
+        from vtcsearch.core.implementation import INDUCTOR
+        n = len(u.own_tensors)
+        c = self.unit_cost(acc, u.without_fusion(), keys[:n], impl)
+        if impl != INDUCTOR or not math.isfinite(c.seconds):
+            return c
+        key = dict(zip(u.tensors, keys))
+        saved, fused = 0.0, []
+        for cu in u.fuses:
+            if all(key[t] == acc.key_of(t, PHYS) for t in cu.tensors):
+                saved += self.fused_copy_cost(acc, cu)
+                fused.append(cu.name)
+        if not fused:
+            return c
+        return replace(c, seconds=c.seconds - saved, detail={**c.detail, "fused_copies": len(fused),
+                                                             "t_fused_copies": saved})
+
+    def fused_copy_cost(self, acc: Accounting, cu: Unit) -> float:
+        """Seconds an Inductor kernel saves by running copy unit ``cu`` itself (both its sides physical)."""
+        c = self.unit_cost(acc, cu, tuple(acc.key_of(t, PHYS) for t in cu.tensors))
+        return c.seconds if math.isfinite(c.seconds) else 0.0
 
     def record_error(self, u: Unit, e: BaseException) -> str:
         """Count an exception raised while costing unit ``u`` (``stats.errors``) and keep its first lines."""

@@ -71,6 +71,7 @@ from typing import Any
 
 from cost_models import CostOracle
 from cost_models.accounting import PHYS, LocalStrategy
+from vtcsearch.core.implementation import INDUCTOR
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
 
@@ -218,11 +219,14 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     const_ps = 0
     n_configs = 0
     impl_vars: dict[str, dict[str, Any]] = {}
-    for u in acc.units:
+    for unit in acc.units:
+        u = unit.without_fusion()   # the copies it may absorb are terms of their own (_fusion_terms)
         ks = [maps_of(t) for t in u.tensors]
         ks = _cap_configs(u, ks, max_configs, wvar, m, info, protected)
         if len(oracle.unit_implementations(acc, u)) > 1:
             n_configs += _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj, info)
+            if unit.fuses and obj.needs_latency and INDUCTOR in impl_vars.get(u.kernel, {}):
+                _fusion_terms(m, oracle, acc, unit, impl_vars[u.kernel][INDUCTOR], maps_of, wvar, lat_terms)
             continue
         varying = [i for i, k in enumerate(ks) if len(k) > 1]
         combos = list(itertools.product(*ks))
@@ -422,6 +426,28 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
     for im, group in by_impl.items():
         m.add(sum(group) == p[im])
     return len(zs)
+
+
+def _fusion_terms(m, oracle, acc, unit, p_inductor, maps_of, wvar, lat_terms) -> None:
+    """The copies an Inductor kernel runs itself (``Unit.fuses``): one ``f`` per copy, implying the kernel's
+    Inductor ``p`` and both of the copy's tensors physical, that earns the copy's cost back.  Separable, so the
+    kernel's ``z`` stay over its own tensors; the sum equals the kernel unit's cost over all its tensors, which
+    evaluation and the other solvers use."""
+    for cu in unit.fuses:
+        ps = int(round(oracle.fused_copy_cost(acc, cu) * PS))
+        if ps <= 0:
+            continue
+        f = m.new_bool_var("")
+        m.add_implication(f, p_inductor)
+        for t in cu.tensors:
+            k = acc.key_of(t, PHYS)
+            lit = wvar.get((t, k)) if k in maps_of(t) else 0
+            if isinstance(lit, int) or lit is None:
+                if not lit:
+                    m.add(f == 0)
+            else:
+                m.add_implication(f, lit)
+        lat_terms.append((-ps, f))
 
 
 def _nogoods(vtog: VTOG, acc, chosen: set[int], impl: dict[str, str], err: StrategyError, y,

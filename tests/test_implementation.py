@@ -478,6 +478,50 @@ def test_analytical_prices_inductor_and_the_ilp_takes_it_when_cheaper(chain):
     assert res.objective <= none.objective + 1e-12
 
 
+def test_inductor_prices_a_copy_next_to_its_generated_code_as_fused():
+    """Inductor inlines a copy into the generated code that produces or reads what it moves (torch.compile runs
+    a whole ShuffleNetV2 with 2 copy kernels): the kernel unit's Inductor cost is less the copies it absorbs,
+    while both sides of each copy stay physical; a copy between two extern GEMMs is still a copy."""
+    from cost_models.accounting import PHYS
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(32, 32))
+
+        def forward(self, x):
+            a = torch.relu(x).transpose(0, 1).contiguous()    # movement next to generated code
+            b = (a @ self.w).transpose(0, 1).contiguous()     # movement between two extern GEMMs
+            return b @ self.w
+
+    g = capture(M(), (torch.randn(32, 32),))
+    v = build_vtog(g)
+    o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "triton"))
+    acc = o.accounting(v)
+    units = {u.name: u for u in acc.units}
+    relu = units["relu"]
+    assert sorted(c.name for c in relu.fuses) == ["clone[0<-0]", "transpose[0<-0]"]
+    assert not units["mm"].fuses and not units["mm_1"].fuses
+    phys = tuple(acc.key_of(t, PHYS) for t in relu.tensors)
+    base = o.unit_cost(acc, relu, phys, "triton").seconds
+    ind = o.unit_cost(acc, relu, phys, im.INDUCTOR)
+    copies = sum(o.unit_cost(acc, c, tuple(acc.key_of(t, PHYS) for t in c.tensors)).seconds for c in relu.fuses)
+    assert copies > 0 and ind.detail["fused_copies"] == 2
+    assert ind.seconds == pytest.approx(o.unit_cost(acc, relu, phys[:len(relu.own_tensors)], im.INDUCTOR).seconds
+                                        - copies)
+    assert o.unit_cost(acc, relu, phys, "triton").seconds == base   # a template does not absorb them
+    # a virtual transpose: its copy is gone, and with it what Inductor would have absorbed
+    trees = [tid for tid in acc.enumerate_trees("transpose", 8)[0] if tid != PHYS]
+    assert trees
+    keys = tuple(acc.key_of(t, trees[0] if t == "transpose" else PHYS) for t in relu.tensors)
+    assert o.unit_cost(acc, relu, keys, im.INDUCTOR).detail.get("fused_copies", 0) == 0
+    # every solver sees it: the all-physical strategy with Inductor is priced without the two copy kernels
+    none = get_solver("none")(v, o)
+    assert none.strategy.impl.get("relu") == im.INDUCTOR
+    rows = {r["unit"]: r for r in o.evaluate(none.strategy).rows}
+    assert rows["relu"]["fused_copies"] == 2 and rows["mm_1"].get("fused_copies") is None
+
+
 @pytest.mark.parametrize("solver", ["none", "greedy", "ilp"])
 def test_equal_costs_take_the_preferred_implementation(chain, solver):
     """Inductor priced exactly like the template (the analytical model's default when uncalibrated): every
