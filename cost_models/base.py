@@ -223,7 +223,7 @@ class CostOracle:
 
     def _fused_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...], impl: str) -> UnitCost:
         """A kernel unit with fusible copies (:func:`cost_models.accounting.fuse_copies`): its own cost, and
-        run by Inductor, less the cost of each copy it performs as it writes (both sides physical)."""
+        run by Inductor, less the cost of each copy it performs as it reads or writes (both sides physical)."""
         from vtcsearch.core.implementation import INDUCTOR
         n = len(u.own_tensors)
         c = self.unit_cost(acc, u.without_fusion(), keys[:n], impl)

@@ -233,8 +233,9 @@ def markdown(summary: dict[str, Any]) -> str:
                      f"{_fmt(r['eliminated_ops'], 'd')} | {num} |")
     lines.append("")
     if any(r.get("baseline_same_process") is False for r in summary["rows"]):
-        lines += ["† against a baseline measured in another run of the case (another `--append` command): that "
-                  "run measured no baseline, so the ratio is not side by side in one process.", ""]
+        lines += ["† against a baseline measured in another run of the case (another `--append` command): the "
+                  "row's own run did not measure the best baseline, so the ratio is not side by side in one "
+                  "process.", ""]
 
     lines += floor_section(summary) + accuracy_section(summary) + steps_section(summary) + conv_section(summary)
 
