@@ -1375,10 +1375,9 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
     """
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
 
-    def generated(op: str) -> str | None:
-        """The kernel whose generated code runs ``op``, if any."""
-        k = owner.get(op)
-        return k if k in g.groups and g.ops[op].category in ("pointwise", "reduction") else None
+    def generated(op: str) -> bool:
+        """Whether Inductor runs kernel op ``op`` as generated code (not an extern call)."""
+        return owner[op] in g.groups and g.ops[op].category in ("pointwise", "reduction")
 
     def adjacent_kernel(op: str, limit: int = 64) -> str | None:
         """The nearest kernel with generated code around ``op``'s connected movement ops (producers first)."""

@@ -348,7 +348,7 @@ class KernelTimer:
         def scratch(shape, dtype):
             return torch.empty(tuple(shape), dtype=dtype, device=dev)
 
-        ctx = Context(g, lambda t: by_tensor[t], scratch, dev)
+        ctx = Context(g, lambda t: by_tensor[t], scratch, dev, lambda t: by_tensor[t].map)
         with torch.no_grad():
             return lower_as(ctx, g.groups[spec.unit.kernel], spec.impl)   # as realize runs it
 

@@ -441,8 +441,8 @@ def _fusion_terms(m, oracle, acc, unit, p_inductor, maps_of, wvar, lat_terms) ->
         m.add_implication(f, p_inductor)
         for t in cu.tensors:
             k = acc.key_of(t, PHYS)
-            lit = wvar.get((t, k)) if k in maps_of(t) else 0
-            if isinstance(lit, int) or lit is None:
+            lit = wvar[t, k] if k in maps_of(t) else 0   # 1: a tensor no option can make virtual
+            if isinstance(lit, int):
                 if not lit:
                     m.add(f == 0)
             else:

@@ -710,22 +710,20 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool, floor_us: float | No
     none = next((r for r in rows if r["variant"] == variant_name("none") and r["latency_us"]), None)
     base = [r for r in rows if r["kind"] == VariantKind.BASELINE and r["measured_latency_us"]
             and r["variant"] not in REFERENCE_BASELINES]
+    # a speedup is a ratio measured side by side in one process: against the best baseline as the row's own run
+    # measured it (rows of one run share command and date; this run's have neither yet); against another run's
+    # (a case run in pieces) only where the row's run did not measure that baseline, and the row says so
+    top = min(base, key=lambda b: b["measured_latency_us"], default=None)
     for r in rows:
         if r["latency_us"]:
             if none is not None:
                 r["speedup_vs_none"] = none["latency_us"] / r["latency_us"]
-            # a speedup is a ratio measured side by side in one process: against the best baseline's run in the
-            # row's own run (rows of one run share command and date; this run's have neither yet); against
-            # another run's (a case run in pieces) only where its run did not measure that baseline, and the
-            # row says so
-            top = min(base, key=lambda b: b["measured_latency_us"], default=None)
-            same = [b["measured_latency_us"] for b in base if _run_of(b) == _run_of(r)]
-            same = same if top is not None and any(b["variant"] == top["variant"] and _run_of(b) == _run_of(r)
-                                                   for b in base) else []
-            best = min(same, default=top and top["measured_latency_us"])
+            mine = [b for b in base if _run_of(b) == _run_of(r)]
+            same = top is not None and any(b["variant"] == top["variant"] for b in mine)
+            best = min(b["measured_latency_us"] for b in mine) if same else top and top["measured_latency_us"]
             if best and r["measured_latency_us"]:
                 r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
-                r["baseline_same_process"] = bool(same)
+                r["baseline_same_process"] = same
             if floor_us:
                 r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
 

@@ -76,9 +76,9 @@ class Context:
 
     def __init__(self, graph: "TensorGraph", operand: Callable[[str], Operand],
                  scratch: Callable[[Sequence[int], torch.dtype], torch.Tensor], device: torch.device,
-                 resolve: Callable[[str], "IndexMap"] | None = None):
+                 resolve: Callable[[str], "IndexMap"]):
         self.graph, self.operand, self.scratch, self.device = graph, operand, scratch, device
-        self.resolve = resolve or (lambda t: operand(t).map)
+        self.resolve = resolve
 
     def dense(self, shape: Sequence[int], dtype: torch.dtype, name: str = "tmp") -> Operand:
         return Operand.dense(self.scratch(shape, dtype), name)
