@@ -120,10 +120,13 @@ def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, fl
     return int(n), int(mv), mv_us, comp_us
 
 
-def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True) -> Measurement:
-    """Time and profile one ready-to-run variant (on CUDA), or time it on the CPU."""
+def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True,
+            timed: bool = True) -> Measurement:
+    """Time and profile one ready-to-run variant (on CUDA), or time it on the CPU; ``timed=False``: profile
+    only (the caller times it beside others, :func:`vtcsearch.codegen.timing.bench_side_by_side`)."""
     m = Measurement(name)
-    m.median_us, m.p20_us, m.p80_us = bench(fn, cuda_graph=cuda_graph).quantiles()
+    if timed:
+        m.median_us, m.p20_us, m.p80_us = bench(fn, cuda_graph=cuda_graph).quantiles()
     if not torch.cuda.is_available():
         return m
     if profile:
@@ -147,8 +150,10 @@ class Variant:
     own_bytes: Callable[[], int] | None = None   # what the built variant knows it holds (a vtcsearch executable)
 
 
-def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Callable[[], Any] | None]:
-    """Build, warm up, size, time and profile one variant.  A failure becomes a skipped entry with the reason.
+def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
+                ) -> tuple[Measurement, Callable[[], Any] | None]:
+    """Build, warm up, size, time (unless ``timed`` is False) and profile one variant.  A failure becomes a
+    skipped entry with the reason.
 
     Peak memory is what the variant needs on top of the model's own weights and
     caches: the memory it holds after building (less ``v.shared_bytes``, a private
@@ -188,7 +193,7 @@ def run_variant(v: Variant, *, profile: bool = True) -> tuple[Measurement, Calla
                     # and their private model copy is released, or an earlier variant's memory was freed
                     # mid-build): the variant's own count if it has one, else unknown, never a negative number
                     peak = int(v.own_bytes() + torch.cuda.max_memory_allocated() - base) if v.own_bytes else None
-            m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile)
+            m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile, timed=timed)
         m.peak_memory_bytes = peak
         m.build_s = build_s
         return m, fn

@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import vtcsearch
-    from experiments.baselines import kernel_times, measure
+    from experiments.baselines import kernel_times
+    from vtcsearch.codegen.timing import bench_side_by_side
     from experiments.workloads import build_workload
 
     params = {"native_dtype": True, **_parse_params(a.params)} if a.workload == "zoo" else _parse_params(a.params)
@@ -70,11 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     tables = {}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, fn in list(runs.items()) + list(runs.items()):   # twice, alternating: the order is not the difference
-        m = measure(name, fn, profile=False)
+    times = bench_side_by_side({name: (fn, False) for name, fn in runs.items()})   # interleaved rounds
+    for name, fn in runs.items():
         tables[name] = kernel_times(fn, a.iters, str(out / f"{name}.trace.json") if a.trace else None)
         total = sum(us for _, us in tables[name].values())
-        print(f"{name:22s} median {m.median_us:9.1f} us per replay; kernel time {total:9.1f} us, "
+        print(f"{name:22s} median {times[name].median_us:9.1f} us per replay; kernel time {total:9.1f} us, "
               f"{sum(n for n, _ in tables[name].values()):.0f} launches")
     names = sorted({k for t in tables.values() for k in t}, key=lambda k: -max(t.get(k, (0, 0))[1] for t in tables.values()))
     with open(out / "profile_pair.csv", "w", newline="") as f:

@@ -527,6 +527,26 @@ def test_bench_on_the_cpu_times_the_callable():
         bench(fn, device="cpu", repeats=0)
 
 
+def test_side_by_side_timing_interleaves_the_variants():
+    """Variants are timed in alternating rounds: a process that slows down as it goes (clocks, memory) slows
+    every variant alike, so two identical callables come out alike instead of the later one looking slower."""
+    import time as _time
+    from vtcsearch.codegen.timing import bench_side_by_side
+    order: list[str] = []
+
+    def drifting(name):
+        def fn():
+            order.append(name)
+            _time.sleep(0.0005 * (1 + len(order) / 40))   # each call a little slower than the last
+        return fn
+    t = bench_side_by_side({"a": (drifting("a"), True), "b": (drifting("b"), True)}, device="cpu", rounds=4,
+                           rep_ms=20)
+    switches = sum(x != y for x, y in zip(order, order[1:]))
+    assert switches >= 2 * 4 - 1, order
+    assert min(t["a"].samples, t["b"].samples) >= 4 and t["a"].method == "perf_counter"
+    assert abs(t["a"].median_us - t["b"].median_us) < 0.25 * t["a"].median_us, t
+
+
 def test_one_timer_and_one_machine_everywhere():
     """The profiling oracle, the baselines and the runner time and describe the machine through codegen.timing."""
     import cost_models.profiling as profiling
@@ -910,8 +930,8 @@ def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_fas
     x, y = torch.randn(4, 16), torch.randn(1, 16)
     with torch.no_grad():
         ref = m(x, y)
-    times = iter([200.0, 100.0] if none_faster else [100.0, 200.0])   # search's first, then none's
-    monkeypatch.setattr(api, "time_executable", lambda exe, model, inputs: next(times))
+    times = {"search": 200.0, "none": 100.0} if none_faster else {"search": 100.0, "none": 200.0}
+    monkeypatch.setattr(api, "time_executables", lambda exes, model, inputs, cuda_graph: times)
     fast = vtcsearch.compile(m, (x, y), solver="ilp", guard=True)
     assert fast.guard is not None and fast.guard["search_us"] is not None, "the search chose none: nothing to decide"
     assert fast.guard["kept"] == ("none" if none_faster else "search")
@@ -919,6 +939,9 @@ def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_fas
     assert bool(fast.strategy.edges) != none_faster
     for o, r in zip(fast(x, y), ref):
         torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+    monkeypatch.undo()      # the real timer: both executables, side by side
+    us = api.time_executables({"kept": fast.executable, "again": fast.executable}, m, (x, y))
+    assert set(us) == {"kept", "again"} and min(us.values()) > 0
 
 
 @pytest.mark.parametrize("name, movement", [

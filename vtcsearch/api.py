@@ -221,27 +221,36 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
         exe = realize(graph, result.strategy, model)
         record = None
         if (dev.type == "cuda" if guard is None else guard) and solver != "none":
-            result, exe, record = _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed)
+            result, exe, record = _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed,
+                                                  cuda_graph)
     compiled = Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)
     compiled.guard = record
     return compiled
 
 
-def time_executable(exe: Any, model: torch.nn.Module, example_inputs: Sequence[Any]) -> float:
-    """Median microseconds of one call of ``exe`` on ``example_inputs``; the module's buffers (a KV cache the
-    calls write) are restored afterwards."""
-    from .codegen.timing import bench
+def time_executables(exes: dict[str, Any], model: torch.nn.Module, example_inputs: Sequence[Any], *,
+                     cuda_graph: bool = False) -> dict[str, float]:
+    """Median microseconds of one call of each executable on ``example_inputs``, timed side by side in
+    interleaved rounds, each run as the user will run it (one CUDA graph replay if ``cuda_graph``); the
+    module's buffers (a KV cache the calls write) are restored afterwards."""
+    from .codegen.timing import bench_side_by_side
     saved = {n: b.clone() for n, b in model.named_buffers()}
     try:
         with torch.no_grad():
-            return bench(lambda: exe(*example_inputs), device=exe.device, cuda_graph=False).median_us
+            calls = {k: (e.cuda_graph() if cuda_graph else e) for k, e in exes.items()}
+            times = bench_side_by_side({k: ((lambda c=c: c(*example_inputs)), False) for k, c in calls.items()},
+                                       device=next(iter(exes.values())).device)
     finally:
         with torch.no_grad():
             for n, b in model.named_buffers():
                 b.copy_(saved[n])
+    for k, t in times.items():
+        if isinstance(t, Exception):
+            raise t
+    return {k: t.median_us for k, t in times.items()}
 
 
-def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed):
+def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed, cuda_graph):
     """(result, executable, record): the search's, or the all-physical one's where that measures faster."""
     from solvers import get_solver
 
@@ -250,8 +259,8 @@ def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, see
     if set(ref.strategy.edges) == set(result.strategy.edges) and ref.strategy.impl == result.strategy.impl:
         return result, exe, {"search_us": None, "none_us": None, "kept": "search (same as none)"}
     ref_exe = realize(graph, ref.strategy, model)
-    found_us = time_executable(exe, model, example_inputs)
-    none_us = time_executable(ref_exe, model, example_inputs)
+    us = time_executables({"search": exe, "none": ref_exe}, model, example_inputs, cuda_graph=cuda_graph)
+    found_us, none_us = us["search"], us["none"]
     record = {"search_us": found_us, "none_us": none_us, "kept": "search" if found_us <= none_us else "none"}
     if found_us <= none_us:
         return result, exe, record

@@ -97,6 +97,7 @@ class Config:
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
     breakdown: BreakdownConfig = field(default_factory=BreakdownConfig)
     draw: Literal["best", "all", "none"] = "best"       # points-to pictures: best solver per case, every solver, none
+    timing_rounds: int = 5                              # a case's variants are timed in this many interleaved rounds
     seed: int = 0
     # fold a row norm into the decode GEMM that reads it (vtcsearch.core.fusion.merge_prologues)
     prologues: bool = False
@@ -297,6 +298,8 @@ def _check_names(cfg: Config, where: str) -> None:
             fail(f"baselines[{i}]", f"unknown baseline {b!r}; choices: {', '.join(BASELINES)}")
     if len(set(cfg.baselines)) != len(cfg.baselines):
         fail("baselines", "repeats a baseline")
+    if cfg.timing_rounds < 1:
+        fail("timing_rounds", f"must be >= 1, got {cfg.timing_rounds}")
     if cfg.memory_cap_gib is not None and cfg.memory_cap_gib <= 0:
         fail("memory_cap_gib", "must be positive")
     if cfg.seconds_per_gib < 0:

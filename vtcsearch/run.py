@@ -590,7 +590,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                   unit_floors: dict[str, dict[str, float | None]]) -> None:
     """Realize each strategy at full size and time it beside the baselines, in this process; check numerics;
     with ``breakdown.steps`` / ``conv_layers``, time each step / conv kernel of each executable alone.
-    Each variant's measurements land in ``rows`` as soon as it is timed (a baseline's row is added then)."""
+    Every variant is built, sized, profiled and checked first (its row lands in ``rows`` then); then all of
+    them are timed side by side, in interleaved rounds."""
     import torch
 
     from .breakdown import conv_layer_rows, step_rows
@@ -629,46 +630,76 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
         variants.append(Variant(variant_name(name), build,
                                 own_bytes=lambda name=name: exes[name].allocated_bytes))
     by_variant = {r["variant"]: r for r in rows}
-    with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:
-        for var in variants:
-            m, _ = run_variant(var)
-            torch.cuda.synchronize()
-            restore()
-            row = by_variant.get(var.name)
-            if row is None:
-                row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name, "kind": VariantKind.BASELINE}
-                rows.append(row)
-            if m.skipped:
-                row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=m.skipped)
-                log(f"   {var.name:22s} {row['status']}: {m.skipped}")
-            else:
-                row.update(status="ok", measured_latency_us=m.median_us, measured_p20_us=m.p20_us,
-                           measured_p80_us=m.p80_us, measured_peak_bytes=m.peak_memory_bytes, kernels=m.kernels,
-                           movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us,
-                           build_s=m.build_s)     # a baseline's compile time (build + first call); vtc: below
-                log(f"   {var.name:22s} {m.median_us:10.1f} us, peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
-                    f"{m.kernels} kernels ({m.movement_kernels} movement)")
-            name = solver_of(var.name)
-            if name in exes:
-                row.update(fallbacks=len(exes[name].summary()["fallbacks"]), build_s=build_s.get(name))
-            where = {"case": label, "batch": batch, "variant": var.name}
-            if name in exes and cfg.breakdown.steps:
-                ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]
+    ready: dict[str, tuple[Any, bool]] = {}      # variant -> (call, capture it in a CUDA graph), timed together below
+    try:   # build, size, profile and check each variant; its call waits in ready
+        with log.progress(len(variants), f"benchmark {label} bs{batch}") as step:
+            for var in variants:
+                m, fn = run_variant(var, timed=False)
+                torch.cuda.synchronize()
                 restore()
-            if name in exes and cfg.breakdown.conv_layers:
-                ctx.conv_layers += [{**where, **r} for r in conv_layer_rows(graph, exes[name])]
-                restore()
-            if copy is not None and name in exes:
-                rec = copy.check_exe(name, results[name].strategy, exe=exes[name])
-                numerics_rows.append({"case": label, **rec})
-                row.update(numerics_ok=rec.get("ok"), numerics_size=f"{cfg.workload.size}/bs{batch}",
-                           numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
-                log(f"   {'':22s} numerics vs eager: ok={rec.get('ok')} rel err {rec.get('rel_err', math.nan):.2e}"
-                    + (f" {rec['error']}" if rec.get("error") else ""))
-            exes.pop(name or "", None)
-            torch.cuda.empty_cache()
-            step(var.name)
+                row = by_variant.get(var.name)
+                if row is None:
+                    row = {"case": label, "batch": batch, "workload": w.name, "variant": var.name,
+                           "kind": VariantKind.BASELINE}
+                    rows.append(row)
+                    by_variant[var.name] = row
+                if m.skipped:
+                    row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=m.skipped)
+                    log(f"   {var.name:22s} {row['status']}: {m.skipped}")
+                else:
+                    ready[var.name] = (fn, var.cuda_graph)
+                    row.update(status="ok", measured_peak_bytes=m.peak_memory_bytes, kernels=m.kernels,
+                               movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us,
+                               build_s=m.build_s)     # a baseline's compile time (build + first call); vtc: below
+                    log(f"   {var.name:22s} built: peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
+                        f"{m.kernels} kernels ({m.movement_kernels} movement)")
+                name = solver_of(var.name)
+                if name in exes:
+                    row.update(fallbacks=len(exes[name].summary()["fallbacks"]), build_s=build_s.get(name))
+                where = {"case": label, "batch": batch, "variant": var.name}
+                if name in exes and cfg.breakdown.steps:
+                    ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]
+                    restore()
+                if name in exes and cfg.breakdown.conv_layers:
+                    ctx.conv_layers += [{**where, **r} for r in conv_layer_rows(graph, exes[name])]
+                    restore()
+                if copy is not None and name in exes:
+                    rec = copy.check_exe(name, results[name].strategy, exe=exes[name])
+                    numerics_rows.append({"case": label, **rec})
+                    row.update(numerics_ok=rec.get("ok"), numerics_size=f"{cfg.workload.size}/bs{batch}",
+                               numerics_rel_err=rec.get("rel_err"), numerics_max_abs_err=rec.get("max_abs_err"))
+                    log(f"   {'':22s} numerics vs eager: ok={rec.get('ok')} rel err {rec.get('rel_err', math.nan):.2e}"
+                        + (f" {rec['error']}" if rec.get("error") else ""))
+                step(var.name)
+    except RunInterrupted:      # stopped mid-case (a deadline): what was built is still timed, and kept
+        time_side_by_side(ctx, ready, by_variant, restore)
+        raise
+    time_side_by_side(ctx, ready, by_variant, restore)
+    exes.clear()
+    ready.clear()
+    torch.cuda.empty_cache()
     torch._dynamo.reset()      # drop the compiled baselines of this case before the next one
+
+
+def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_variant: dict[str, dict[str, Any]],
+                      restore: Callable[[], None]) -> None:
+    """Time every built variant of a case in interleaved rounds (:func:`bench_side_by_side`), so no variant's
+    ratio is what drifted in the process between its timing and another's; the latencies land in the rows."""
+    from vtcsearch.codegen.timing import bench_side_by_side
+    if not ready:
+        return
+    times = bench_side_by_side(ready, rounds=ctx.cfg.timing_rounds)
+    restore()
+    for name, t in times.items():
+        row = by_variant[name]
+        if isinstance(t, Exception):
+            row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed",
+                       reason=f"timing: {first_line(t)}")
+            ctx.log(f"   {name:22s} {row['status']}: {row['reason']}")
+            continue
+        row.update(measured_latency_us=t.median_us, measured_p20_us=t.p20_us, measured_p80_us=t.p80_us,
+                   timing_rounds=ctx.cfg.timing_rounds)
+        ctx.log(f"   {name:22s} {t.median_us:10.1f} us (p20 {t.p20_us:.1f}, p80 {t.p80_us:.1f}, {t.samples} samples)")
 
 
 def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exception

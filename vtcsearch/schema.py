@@ -35,7 +35,7 @@ def solver_of(variant: str) -> str | None:
 ROW_FIELDS = (
     "case", "batch", "workload", "variant", "kind", "solver", "status", "reason",
     "latency_us", "latency_source", "predicted_latency_us", "measured_latency_us", "measured_p20_us",
-    "measured_p80_us", "speedup_vs_none", "speedup_vs_best_baseline", "baseline_same_process", "objective",
+    "measured_p80_us", "timing_rounds", "speedup_vs_none", "speedup_vs_best_baseline", "baseline_same_process", "objective",
     "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
     "kernels", "movement_kernels", "movement_us", "compute_us",
     "virtual_tensors", "eliminated_ops", "residual_copies",
@@ -51,7 +51,7 @@ CONV_FIELDS = ("case", "batch", "variant", "kernel", "x", "w", "stride", "paddin
                "triton_us", "cudnn_us", "x_cudnn", "error")
 INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",
               "movement_kernels", "virtual_tensors", "eliminated_ops", "residual_copies", "oracle_calls",
-              "unit_queries", "measurements", "fallbacks")
+              "unit_queries", "measurements", "fallbacks", "timing_rounds")
 NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
                    "buffers_rel_err", "buffers_max_abs_err", "has_nan", "bitwise_equal_none", "kernels",
                    "copy_kernels", "fallbacks", "same_strategy_as", "rel_err_fp32", "eager_rel_err_fp32", "error",

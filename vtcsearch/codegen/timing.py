@@ -1,4 +1,4 @@
-"""The one timer and the one ``machine()``: every latency the project reports is taken by :func:`bench`.
+"""The one timer and the one ``machine()``: every latency the project reports is taken here.
 
 :func:`bench` follows ``triton.testing.do_bench_cudagraph`` and Inductor's
 ``runtime/benchmarking.py``: warm up on a side stream (compiles, autotunes, allocator
@@ -8,6 +8,8 @@ before each timed replay (outside the events), as ``triton.testing.do_bench`` do
 numbers are cold-cache and comparable across variants.  ``cuda_graph=False`` times plain
 calls with events instead, for callables that cannot be captured (they run their own
 graphs, synchronize, or allocate).  On a CPU it falls back to ``time.perf_counter``.
+:func:`bench_side_by_side` times several variants against each other in interleaved rounds, so that a
+speedup is not what drifted in the process between one variant's timing and the next's.
 
 Fresh inputs are the caller's job: ``fn`` is replayed as it is, on the same buffers.
 """
@@ -17,7 +19,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 L2_FLUSH_BYTES = 256 * 2 ** 20      # larger than any current GPU's L2 (H200: 60 MiB)
 
@@ -97,65 +99,114 @@ def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True,
     """
     if _device_type(device) != "cuda":
         return _bench_cpu(fn, warmup=warmup, repeats=repeats, rep_ms=rep_ms, max_repeats=max_repeats)
-    import torch
+    sampler = _CudaSampler(fn, cuda_graph=cuda_graph, flush_l2=flush_l2, warmup=warmup,
+                           calls_per_graph=calls_per_graph)
+    return _summarize(sampler.take(_count(sampler.sample, repeats, rep_ms, max_repeats)), sampler.method)
 
-    # warm-up (compiles and autotunes outside the timing); before a capture it runs on a side stream, as
-    # torch.cuda.graph requires; plain calls warm up where they are timed (cudagraph trees key on the stream)
-    if cuda_graph:
-        stream = side_stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(max(warmup, 1)):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-    else:
-        for _ in range(warmup):
-            fn()
-    torch.cuda.synchronize()
-    if cuda_graph:
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=side_stream()):
-            for _ in range(calls_per_graph):
+
+def bench_side_by_side(fns: Mapping[str, tuple[Callable[[], Any], bool]], *, device: Any = None, rounds: int = 5,
+                       rep_ms: float = 300.0, max_repeats: int = 1000) -> dict[str, Timing | Exception]:
+    """Time several callables against each other: ``fns`` maps a name to ``(fn, cuda_graph)``.
+
+    Each is warmed up (and captured) once; then ``rounds`` rounds visit them in turn, each taking its share
+    of ``rep_ms``, so what drifts in a process (clocks, the allocator, other variants' memory) weighs on
+    all of them alike instead of on whichever was timed last.  The quantiles are over all of a name's samples.
+    A callable that fails to warm up or capture gets its exception instead of a timing; the others go on.
+    """
+    cpu = _device_type(device) != "cuda"
+    samplers: dict[str, Any] = {}
+    failed: dict[str, Exception] = {}
+    for k, (fn, graph) in fns.items():
+        try:
+            samplers[k] = _CpuSampler(fn) if cpu else _CudaSampler(fn, cuda_graph=graph)
+        except Exception as e:   # one variant that cannot be captured is that variant's failure
+            failed[k] = e
+    counts = {k: max(1, _count(s.sample, None, rep_ms, max_repeats) // rounds) for k, s in samplers.items()}
+    samples: dict[str, list[float]] = {k: [] for k in samplers}
+    for _ in range(rounds):
+        for k, s in samplers.items():
+            samples[k] += s.take(counts[k])
+    return {**failed, **{k: _summarize(samples[k], s.method) for k, s in samplers.items()}}
+
+
+def _count(sample: Callable[[], float], repeats: int | None, rep_ms: float, max_repeats: int) -> int:
+    """``repeats``, or as many samples as fit in ``rep_ms`` (at least 10), from three untimed estimates."""
+    if repeats is not None:
+        return repeats
+    estimate = statistics.median(sample() for _ in range(3))
+    return int(min(max_repeats, max(10, rep_ms * 1e3 / max(estimate, 1e-3))))
+
+
+class _CudaSampler:
+    """One callable made ready to time on the GPU: warmed up, captured in a CUDA graph unless ``cuda_graph``
+    is False, and an L2-flushing buffer; ``sample()`` is one timed call in microseconds."""
+
+    def __init__(self, fn: Callable[[], Any], *, cuda_graph: bool = True, flush_l2: bool = True,
+                 warmup: int = 3, calls_per_graph: int = 1):
+        import torch
+        # warm-up (compiles and autotunes outside the timing); before a capture it runs on a side stream, as
+        # torch.cuda.graph requires; plain calls warm up where they are timed (cudagraph trees key on the stream)
+        if cuda_graph:
+            stream = side_stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(max(warmup, 1)):
+                    fn()
+            torch.cuda.current_stream().wait_stream(stream)
+        else:
+            for _ in range(warmup):
                 fn()
         torch.cuda.synchronize()
-        run, method, per_sample = graph.replay, "cuda_graph", calls_per_graph
-    else:
-        run, method, per_sample = fn, "cuda_events", 1
-    cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+        if cuda_graph:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=side_stream()):
+                for _ in range(calls_per_graph):
+                    fn()
+            torch.cuda.synchronize()
+            self.graph = graph
+            self.run, self.method, self.per_sample = graph.replay, "cuda_graph", calls_per_graph
+        else:
+            self.run, self.method, self.per_sample = fn, "cuda_events", 1
+        self.cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
 
-    def sample() -> float:
+    def sample(self) -> float:
+        import torch
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if cache is not None:
-            cache.zero_()
+        if self.cache is not None:
+            self.cache.zero_()
         a.record()
-        run()
+        self.run()
         b.record()
         b.synchronize()
-        return a.elapsed_time(b) * 1e3 / per_sample     # ms -> us per call
+        return a.elapsed_time(b) * 1e3 / self.per_sample     # ms -> us per call
 
-    n = repeats
-    if n is None:
-        estimate = statistics.median(sample() for _ in range(3))
-        n = int(min(max_repeats, max(10, rep_ms * 1e3 / max(estimate, 1e-3))))
-    out = [sample() for _ in range(n)]
-    return _summarize(out, method)
+    def take(self, n: int) -> list[float]:
+        return [self.sample() for _ in range(n)]
+
+
+class _CpuSampler:
+    """The CPU's counterpart: ``sample()`` is one call timed with perf_counter."""
+
+    method = "perf_counter"
+
+    def __init__(self, fn: Callable[[], Any], warmup: int = 3):
+        self.fn = fn
+        for _ in range(warmup):
+            fn()
+
+    def sample(self) -> float:
+        t0 = time.perf_counter()
+        self.fn()
+        return (time.perf_counter() - t0) * 1e6
+
+    def take(self, n: int) -> list[float]:
+        return [self.sample() for _ in range(n)]
 
 
 def _bench_cpu(fn: Callable[[], Any], *, warmup: int, repeats: int | None, rep_ms: float,
                max_repeats: int) -> Timing:
-    for _ in range(warmup):
-        fn()
-
-    def sample() -> float:
-        t0 = time.perf_counter()
-        fn()
-        return (time.perf_counter() - t0) * 1e6
-
-    n = repeats
-    if n is None:
-        estimate = sample()
-        n = int(min(max_repeats, max(10, rep_ms * 1e3 / max(estimate, 1e-3))))
-    return _summarize([sample() for _ in range(n)], "perf_counter")
+    sampler = _CpuSampler(fn, warmup=warmup)
+    return _summarize(sampler.take(_count(sampler.sample, repeats, rep_ms, max_repeats)), sampler.method)
 
 
 def machine(device: str | None = None) -> dict[str, Any]:
