@@ -582,6 +582,43 @@ def test_inductor_decode_layer_updates_the_kv_cache_like_eager():
         torch.testing.assert_close(b, ref_bufs[n], rtol=1e-4, atol=1e-5)
 
 
+def test_identical_inductor_regions_compile_once(monkeypatch):
+    """Repeated layers cut into regions by virtual tensors (the KV-cache writes) give regions of the same code on
+    arguments of the same layouts: they share one torch.compile (a whole 8B model would otherwise trace and
+    load ~30 of them), Dynamo traces each distinct region once, and the model still equals eager, its
+    caches too."""
+    from torch._dynamo.utils import counters
+
+    import vtcsearch.codegen.inductor as inductor
+    from experiments.workloads import build_workload
+    from vtcsearch.api import search_fusions
+    torch.manual_seed(0)
+    w = build_workload("llama3", part="layer", phase="decode", size="tiny", n_layers=4, batch=1, device="cpu",
+                       dtype=torch.float32)
+    m = w.model
+    saved = {n: b.clone() for n, b in m.named_buffers()}
+    with torch.no_grad():
+        ref = m(*w.example_inputs)
+    ref_bufs = {n: b.clone() for n, b in m.named_buffers()}
+    for n, b in m.named_buffers():
+        b.copy_(saved[n])
+    o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "library", "triton"))
+    g, _, res = search_fusions(m, w.example_inputs, get_solver("ilp"), o)
+    inductor.clear_compiled_regions()
+    real, compiles = torch.compile, []
+    monkeypatch.setattr(torch, "compile", lambda *a, **k: compiles.append(1) or real(*a, **k))
+    traced = counters["stats"]["unique_graphs"]
+    exe = realize(g, res.strategy, m)
+    regions = [st for st in exe.steps if st.lowering == "inductor"]
+    assert len(regions) >= 4, [st.name for st in exe.steps]
+    assert len(compiles) < len(regions)
+    assert counters["stats"]["unique_graphs"] - traced == len(compiles), "a shared region was traced again"
+    out = exe(*w.example_inputs)
+    torch.testing.assert_close(out[0], ref, rtol=1e-4, atol=1e-5)
+    for n, b in m.named_buffers():
+        torch.testing.assert_close(b, ref_bufs[n], rtol=1e-4, atol=1e-5)
+
+
 def test_profiling_times_an_inductor_kernel_once_per_layout():
     """The profiling oracle times an Inductor unit as realization runs it, in parts: the compiled kernel on
     plain strided operands (keyed by their strides, so configurations that Inductor sees alike share one

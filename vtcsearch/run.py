@@ -596,6 +596,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
 
     from .breakdown import conv_layer_rows, step_rows
     from experiments.baselines import Variant, baseline_variants, run_variant
+    from vtcsearch.codegen.inductor import clear_compiled_regions
     from vtcsearch.codegen.realize import realize
 
     cfg, log = ctx.cfg, ctx.log
@@ -678,7 +679,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     exes.clear()
     ready.clear()
     torch.cuda.empty_cache()
-    torch._dynamo.reset()      # drop the compiled baselines of this case before the next one
+    torch._dynamo.reset()      # drop the compiled baselines and regions of this case before the next one
+    clear_compiled_regions()
 
 
 def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_variant: dict[str, dict[str, Any]],

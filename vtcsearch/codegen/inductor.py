@@ -42,7 +42,8 @@ from .memory import storages_of
 if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
-__all__ = ["MODE", "is_region_step", "lower_inductor", "region_graph", "region_io", "region_ops", "regions"]
+__all__ = ["MODE", "clear_compiled_regions", "compiled_region", "is_region_step", "lower_inductor", "region_graph",
+           "region_io", "region_ops", "regions"]
 
 aten = torch.ops.aten
 
@@ -181,7 +182,7 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         else:
             aliases[k] = j
     gm = region_graph(g, ops, ins, outs, ctx.device, aliases)
-    compiled = torch.compile(gm, mode=mode, dynamic=False, fullgraph=True)
+    compiled = compiled_region(gm, args, mode)
 
     def run() -> None:
         for p in pre:
@@ -198,6 +199,32 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
     launch.steps = list(steps)                                   # type: ignore[attr-defined]
     launch.aliases = {outs[k]: ins[j] for k, j in aliases.items()}   # type: ignore[attr-defined]
     return launch
+
+
+# (region code, argument layouts, mode) -> its torch.compile: the same layer 32 times is compiled once
+_COMPILED: dict[tuple, torch.nn.Module] = {}
+
+
+def compiled_region(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mode: str) -> torch.nn.Module:
+    """``torch.compile(gm)``, shared with every earlier region of the same code on arguments of the same shapes,
+    strides, dtypes, devices, 16-byte alignment (Inductor compiles its kernels for the alignment it sees) and
+    sharing of storages: repeated layers reuse one compiled program instead of each tracing and loading it
+    again.  Dynamo's guards still check every call, so a reuse outside what the first compile assumed
+    recompiles rather than runs wrong code."""
+    if any(n.op == "get_attr" for n in gm.graph.nodes):   # constants of its own: not shared
+        return torch.compile(gm, mode=mode, dynamic=False, fullgraph=True)
+    first: dict[int, int] = {}
+    layout = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device), a.data_ptr() % 16 == 0,
+                    first.setdefault(a.untyped_storage().data_ptr(), k)) for k, a in enumerate(args))
+    key = (gm.code, layout, mode)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(gm, mode=mode, dynamic=False, fullgraph=True)
+    return _COMPILED[key]
+
+
+def clear_compiled_regions() -> None:
+    """Forget the shared compiled regions (with ``torch._dynamo.reset()``, between the cases of a run)."""
+    _COMPILED.clear()
 
 
 def _in_place(strategy: "Strategy", t: str) -> bool:
