@@ -536,6 +536,17 @@ def test_equal_costs_take_the_preferred_implementation(chain, solver):
     assert res.strategy.impl, "no group took Inductor"
 
 
+def _eager_and_buffers(m: nn.Module, inputs) -> tuple:
+    """(eager output, the buffers as eager leaves them), with the module's buffers restored afterwards."""
+    saved = {n: b.clone() for n, b in m.named_buffers()}
+    with torch.no_grad():
+        ref = m(*inputs)
+    ref_bufs = {n: b.clone() for n, b in m.named_buffers()}
+    for n, b in m.named_buffers():
+        b.copy_(saved[n])
+    return ref, ref_bufs
+
+
 def test_inductor_decode_layer_updates_the_kv_cache_like_eager():
     """A Llama decode layer with every group on Inductor and no virtual tensor: one region up to the KV-cache
     writes, outputs and the mutated caches equal eager's."""
@@ -544,12 +555,7 @@ def test_inductor_decode_layer_updates_the_kv_cache_like_eager():
     torch.manual_seed(0)
     w = build_workload("llama3", part="layer", phase="decode", size="tiny", batch=1, device="cpu", dtype=torch.float32)
     m = w.model
-    saved = {n: b.clone() for n, b in m.named_buffers()}
-    with torch.no_grad():
-        ref = m(*w.example_inputs)
-    ref_bufs = {n: b.clone() for n, b in m.named_buffers()}
-    for n, b in m.named_buffers():
-        b.copy_(saved[n])
+    ref, ref_bufs = _eager_and_buffers(m, w.example_inputs)
     fast = vtcsearch.compile(m, w.example_inputs, solver="none", implementations=("inductor", "library", "triton"))
     assert set(fast.strategy.impl.values()) == {im.INDUCTOR}
     assert any(st.lowering == "inductor" and len(st.launch.steps) > 5 for st in fast.executable.steps)
@@ -596,12 +602,7 @@ def test_identical_inductor_regions_compile_once(monkeypatch):
     w = build_workload("llama3", part="layer", phase="decode", size="tiny", n_layers=4, batch=1, device="cpu",
                        dtype=torch.float32)
     m = w.model
-    saved = {n: b.clone() for n, b in m.named_buffers()}
-    with torch.no_grad():
-        ref = m(*w.example_inputs)
-    ref_bufs = {n: b.clone() for n, b in m.named_buffers()}
-    for n, b in m.named_buffers():
-        b.copy_(saved[n])
+    ref, ref_bufs = _eager_and_buffers(m, w.example_inputs)
     o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "library", "triton"))
     g, _, res = search_fusions(m, w.example_inputs, get_solver("ilp"), o)
     inductor.clear_compiled_regions()
