@@ -238,7 +238,7 @@ class CostOracle:
         if not fused:
             return c
         return replace(c, seconds=c.seconds - saved, detail={**c.detail, "fused_copies": len(fused),
-                                                             "t_fused_copies": saved})
+                                                             "t_fused_copies": saved, "fused": tuple(fused)})
 
     def fused_copy_cost(self, acc: Accounting, cu: Unit) -> float:
         """Seconds an Inductor kernel saves by running copy unit ``cu`` itself (both its sides physical)."""
@@ -321,6 +321,7 @@ class CostOracle:
         impl = impl or {}
         out_rows: list[dict[str, Any]] = []
         if self.objective.needs_latency or rows:
+            fused_into: dict[str, str] = {}   # copy unit -> the Inductor kernel that runs it
             for u in acc.units:
                 keys = self.unit_keys(acc, u, trees)
                 c = self.unit_cost(acc, u, keys, impl.get(u.kernel, "triton") if u.kind == "kernel" else "triton")
@@ -331,6 +332,14 @@ class CostOracle:
                                                           if isinstance(v, (int, float, str))}})
                     if u.kind == "kernel" and impl.get(u.kernel, "triton") != "triton":
                         out_rows[-1]["impl"] = impl[u.kernel]
+                    fused_into.update(dict.fromkeys(c.detail.get("fused", ()), u.name))
+            # the solver's arithmetic credits a fused copy to its kernel; a row shows the kernel at its own cost
+            # and the copy as free, inside it (the total is the same)
+            for r in out_rows:
+                if r["unit"] in fused_into:
+                    r.update(seconds=0.0, fused_into=fused_into[r["unit"]])
+                elif r.get("t_fused_copies"):
+                    r["seconds"] += r["t_fused_copies"]
         peak = None
         if self.objective.needs_memory or rows or want_peak:
             peak = acc.peak_bytes({t: acc.map_of(t, trees.get(t, PHYS)).targets() for t in acc.graph.tensors})

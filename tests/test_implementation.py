@@ -518,8 +518,15 @@ def test_inductor_prices_a_copy_next_to_its_generated_code_as_fused():
     # every solver sees it: the all-physical strategy with Inductor is priced without the two copy kernels
     none = get_solver("none")(v, o)
     assert none.strategy.impl.get("relu") == im.INDUCTOR
-    rows = {r["unit"]: r for r in o.evaluate(none.strategy).rows}
+    ev = o.evaluate(none.strategy)
+    rows = {r["unit"]: r for r in ev.rows}
     assert rows["relu"]["fused_copies"] == 2 and rows["mm_1"].get("fused_copies") is None
+    # the rows show the kernel at its own cost and the copies it runs as free, inside it: same total, no
+    # negative kernel
+    assert rows["relu"]["seconds"] == pytest.approx(ind.seconds + copies) and rows["relu"]["seconds"] > 0
+    assert {n: r["fused_into"] for n, r in rows.items() if "fused_into" in r} == {c.name: "relu" for c in relu.fuses}
+    assert all(rows[c.name]["seconds"] == 0 for c in relu.fuses)
+    assert sum(r["seconds"] for r in ev.rows) == pytest.approx(ev.latency_s)
 
 
 @pytest.mark.parametrize("solver", ["none", "greedy", "ilp"])
