@@ -184,7 +184,9 @@ def markdown(summary: dict[str, Any]) -> str:
                   f"real, on a scaled-down copy through Triton's CPU interpreter.", ""]
     else:
         lines += [f"Latencies are **measured** on {m['gpu']} (median of CUDA-event timings; vtcsearch variants "
-                  f"replay one CUDA graph), side by side with the baselines in one process.", ""]
+                  f"replay one CUDA graph), side by side with the baselines in one process; a row with "
+                  f"`timing_rounds` in summary.csv was timed together with its case's other variants, in that "
+                  f"many interleaved rounds.", ""]
     runs = summary.get("runs") or [summary]
     for run in runs:       # a config run in pieces (--append) lists every piece
         rm = run["machine"]
