@@ -116,9 +116,10 @@ def bench_side_by_side(fns: Mapping[str, tuple[Callable[[], Any], bool]], *, dev
     cpu = _device_type(device) != "cuda"
     samplers: dict[str, Any] = {}
     failed: dict[str, Exception] = {}
+    flush = None if cpu else _flush_buffer()   # one for all: 256 MiB each would add up
     for k, (fn, graph) in fns.items():
         try:
-            samplers[k] = _CpuSampler(fn) if cpu else _CudaSampler(fn, cuda_graph=graph)
+            samplers[k] = _CpuSampler(fn) if cpu else _CudaSampler(fn, cuda_graph=graph, flush=flush)
         except Exception as e:   # one variant that cannot be captured is that variant's failure
             failed[k] = e
     counts = {k: max(1, _count(s.sample, None, rep_ms, max_repeats) // rounds) for k, s in samplers.items()}
@@ -142,7 +143,7 @@ class _CudaSampler:
     is False, and an L2-flushing buffer; ``sample()`` is one timed call in microseconds."""
 
     def __init__(self, fn: Callable[[], Any], *, cuda_graph: bool = True, flush_l2: bool = True,
-                 warmup: int = 3, calls_per_graph: int = 1):
+                 warmup: int = 3, calls_per_graph: int = 1, flush: Any = None):
         import torch
         # warm-up (compiles and autotunes outside the timing); before a capture it runs on a side stream, as
         # torch.cuda.graph requires; plain calls warm up where they are timed (cudagraph trees key on the stream)
@@ -167,7 +168,7 @@ class _CudaSampler:
             self.run, self.method, self.per_sample = graph.replay, "cuda_graph", calls_per_graph
         else:
             self.run, self.method, self.per_sample = fn, "cuda_events", 1
-        self.cache = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+        self.cache = (flush if flush is not None else _flush_buffer()) if flush_l2 else None
 
     def sample(self) -> float:
         import torch
@@ -182,6 +183,12 @@ class _CudaSampler:
 
     def take(self, n: int) -> list[float]:
         return [self.sample() for _ in range(n)]
+
+
+def _flush_buffer() -> Any:
+    """A buffer larger than the L2 cache: zeroing it before a timed call evicts what the last call left."""
+    import torch
+    return torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
 
 
 class _CpuSampler:
