@@ -645,8 +645,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                     rows.append(row)
                     by_variant[var.name] = row
                 if m.skipped:
-                    row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=m.skipped)
-                    log(f"   {var.name:22s} {row['status']}: {m.skipped}")
+                    not_run(ctx, row, m.skipped)
                 else:
                     ready[var.name] = (fn, var.cuda_graph)
                     row.update(status="ok", measured_peak_bytes=m.peak_memory_bytes, kernels=m.kernels,
@@ -695,13 +694,17 @@ def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_va
     for name, t in times.items():
         row = by_variant[name]
         if isinstance(t, Exception):
-            row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed",
-                       reason=f"timing: {first_line(t)}")
-            ctx.log(f"   {name:22s} {row['status']}: {row['reason']}")
+            not_run(ctx, row, f"timing: {first_line(t)}")
             continue
         row.update(measured_latency_us=t.median_us, measured_p20_us=t.p20_us, measured_p80_us=t.p80_us,
                    timing_rounds=ctx.cfg.timing_rounds)
         ctx.log(f"   {name:22s} {t.median_us:10.1f} us (p20 {t.p20_us:.1f}, p80 {t.p80_us:.1f}, {t.samples} samples)")
+
+
+def not_run(ctx: RunContext, row: dict[str, Any], reason: str) -> None:
+    """A variant that could not be built or timed: a baseline is skipped, a vtcsearch variant failed."""
+    row.update(status="skipped" if row["kind"] == VariantKind.BASELINE else "failed", reason=reason)
+    ctx.log(f"   {row['variant']:22s} {row['status']}: {reason}")
 
 
 def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exception

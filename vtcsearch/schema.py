@@ -35,7 +35,8 @@ def solver_of(variant: str) -> str | None:
 ROW_FIELDS = (
     "case", "batch", "workload", "variant", "kind", "solver", "status", "reason",
     "latency_us", "latency_source", "predicted_latency_us", "measured_latency_us", "measured_p20_us",
-    "measured_p80_us", "timing_rounds", "speedup_vs_none", "speedup_vs_best_baseline", "baseline_same_process", "objective",
+    "measured_p80_us", "timing_rounds", "speedup_vs_none", "speedup_vs_best_baseline", "baseline_same_process",
+    "objective",
     "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
     "kernels", "movement_kernels", "movement_us", "compute_us",
     "virtual_tensors", "eliminated_ops", "residual_copies",
