@@ -328,6 +328,9 @@ class AnalyticalOracle(CostOracle):
             return hw.eff(INDUCTOR, kind)
         return max(hw.eff("library", kind), hw.eff("triton", kind))
 
+    def traffic_seconds(self, nbytes: float) -> float:
+        return nbytes / self.hw.bandwidth
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source, "split_k": self.split_k}
 

@@ -223,27 +223,48 @@ class CostOracle:
 
     def _fused_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...], impl: str) -> UnitCost:
         """A kernel unit with fusible copies (:func:`cost_models.accounting.fuse_copies`): its own cost, and
-        run by Inductor, less the cost of each copy it performs as it reads or writes (both sides physical)."""
+        run by Inductor, less what each copy it performs as it reads or writes saves (both sides physical)."""
         from vtcsearch.core.implementation import INDUCTOR
         n = len(u.own_tensors)
         c = self.unit_cost(acc, u.without_fusion(), keys[:n], impl)
         if impl != INDUCTOR or not math.isfinite(c.seconds):
             return c
         key = dict(zip(u.tensors, keys))
-        saved, fused = 0.0, []
+        saved, fused = [], []
         for cu in u.fuses:
             if all(key[t] == acc.key_of(t, PHYS) for t in cu.tensors):
-                saved += self.fused_copy_cost(acc, cu)
-                fused.append(cu.name)
+                s = self.fused_copy_saving(acc, u, cu)
+                if s > 0:
+                    saved.append(s)
+                    fused.append(cu.name)
         if not fused:
             return c
-        return replace(c, seconds=c.seconds - saved, detail={**c.detail, "fused_copies": len(fused),
-                                                             "t_fused_copies": saved, "fused": tuple(fused)})
+        return replace(c, seconds=c.seconds - sum(saved), detail={
+            **c.detail, "fused_copies": len(fused), "t_fused_copies": sum(saved), "fused": tuple(fused),
+            "fused_saved": tuple(saved)})
 
-    def fused_copy_cost(self, acc: Accounting, cu: Unit) -> float:
-        """Seconds an Inductor kernel saves by running copy unit ``cu`` itself (both its sides physical)."""
+    def fused_copy_saving(self, acc: Accounting, u: Unit, cu: Unit) -> float:
+        """Seconds Inductor kernel ``u`` saves by running copy unit ``cu`` in its own loads and stores (both of
+        the copy's sides physical).
+
+        The copy's launch is saved, but its bytes only as far as the kernel's own tensors reach: a BN + ReLU
+        that writes the channel shuffle's layout takes over the whole shuffle, while RoPE writing 8 KiB of keys
+        next to a 32 MiB copy of the KV cache still has to read and write the rest of the cache."""
         c = self.unit_cost(acc, cu, tuple(acc.key_of(t, PHYS) for t in cu.tensors))
-        return c.seconds if math.isfinite(c.seconds) else 0.0
+        if not math.isfinite(c.seconds) or c.seconds <= 0:
+            return 0.0
+        g = acc.graph
+        op = g.ops[cu.op]
+        out = g.tensors[op.outputs[cu.out]].nbytes
+        moved = min(g.tensors[op.inputs[cu.src]].nbytes, out) if cu.src is not None else out
+        own = max((g.tensors[t].nbytes for t in u.own_tensors), default=0)
+        return max(0.0, c.seconds - self.traffic_seconds(2 * max(0, moved - own)))
+
+    def traffic_seconds(self, nbytes: float) -> float:
+        """Seconds to stream ``nbytes`` through DRAM at the H200 preset's bandwidth (an oracle that models its
+        hardware uses its own)."""
+        from .hardware import PRESETS   # hardware imports profiling, which imports this module
+        return nbytes / PRESETS["H200"].bandwidth
 
     def record_error(self, u: Unit, e: BaseException) -> str:
         """Count an exception raised while costing unit ``u`` (``stats.errors``) and keep its first lines."""
@@ -321,7 +342,7 @@ class CostOracle:
         impl = impl or {}
         out_rows: list[dict[str, Any]] = []
         if self.objective.needs_latency or rows:
-            fused_into: dict[str, str] = {}   # copy unit -> the Inductor kernel that runs it
+            fused_into: dict[str, tuple[str, float]] = {}   # copy unit -> (Inductor kernel running it, saved s)
             for u in acc.units:
                 keys = self.unit_keys(acc, u, trees)
                 c = self.unit_cost(acc, u, keys, impl.get(u.kernel, "triton") if u.kind == "kernel" else "triton")
@@ -332,12 +353,15 @@ class CostOracle:
                                                           if isinstance(v, (int, float, str))}})
                     if u.kind == "kernel" and impl.get(u.kernel, "triton") != "triton":
                         out_rows[-1]["impl"] = impl[u.kernel]
-                    fused_into.update(dict.fromkeys(c.detail.get("fused", ()), u.name))
+                    fused_into.update({cu: (u.name, sv) for cu, sv in zip(c.detail.get("fused", ()),
+                                                                           c.detail.get("fused_saved", ()))})
             # the solver's arithmetic credits a fused copy to its kernel; a row shows the kernel at its own cost
-            # and the copy as free, inside it (the total is the same)
+            # and the copy at what it still costs inside it: free, or the share the kernel cannot take over
+            # (the total is the same)
             for r in out_rows:
                 if r["unit"] in fused_into:
-                    r.update(seconds=0.0, fused_into=fused_into[r["unit"]])
+                    kernel, saved = fused_into[r["unit"]]
+                    r.update(seconds=max(0.0, r["seconds"] - saved), fused_into=kernel)
                 elif r.get("t_fused_copies"):
                     r["seconds"] += r["t_fused_copies"]
         peak = None

@@ -430,11 +430,11 @@ def _implementation_terms(m, oracle, acc, u, ks, wvar, impl_vars, lat_terms, obj
 
 def _fusion_terms(m, oracle, acc, unit, p_inductor, maps_of, wvar, lat_terms) -> None:
     """The copies an Inductor kernel runs itself (``Unit.fuses``): one ``f`` per copy, implying the kernel's
-    Inductor ``p`` and both of the copy's tensors physical, that earns the copy's cost back.  Separable, so the
-    kernel's ``z`` stay over its own tensors; the sum equals the kernel unit's cost over all its tensors, which
-    evaluation and the other solvers use."""
+    Inductor ``p`` and both of the copy's tensors physical, that earns back what running the copy saves
+    (``CostOracle.fused_copy_saving``).  Separable, so the kernel's ``z`` stay over its own tensors; the sum
+    equals the kernel unit's cost over all its tensors, which evaluation and the other solvers use."""
     for cu in unit.fuses:
-        ps = int(round(oracle.fused_copy_cost(acc, cu) * PS))
+        ps = int(round(oracle.fused_copy_saving(acc, unit, cu) * PS))
         if ps <= 0:
             continue
         f = m.new_bool_var("")

@@ -529,6 +529,31 @@ def test_inductor_prices_a_copy_next_to_its_generated_code_as_fused():
     assert sum(r["seconds"] for r in ev.rows) == pytest.approx(ev.latency_s)
 
 
+def test_a_small_kernel_does_not_absorb_a_large_copy_next_to_it():
+    """A copy fused into Inductor's code saves its launch, but its bytes only as far as the kernel's own tensors
+    reach: a few new keys written next to a KV cache leave the cache's copy reading and writing every byte
+    (priced as free, the search kept Gemma 2's caches physical: 357 copy kernels on the H200)."""
+    from cost_models.accounting import PHYS
+
+    class M(nn.Module):
+        def forward(self, cache, k, w):
+            new = torch.cat([cache, torch.relu(k)], dim=0)   # the cache's copy, next to an 8-row kernel
+            return new @ w
+
+    cache, k, w = torch.randn(4096, 64), torch.randn(8, 64), torch.randn(64, 64)
+    g = capture(M(), (cache, k, w))
+    o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "triton"))
+    acc = o.accounting(build_vtog(g))
+    relu = next(u for u in acc.units if u.name == "relu")
+    by_src = {g.ops[c.op].inputs[c.src]: c for c in relu.fuses}
+    big, small = by_src["cache"], by_src["relu"]
+    cost = {c: o.unit_cost(acc, c, tuple(acc.key_of(t, PHYS) for t in c.tensors)).seconds for c in (big, small)}
+    assert o.fused_copy_saving(acc, relu, small) == pytest.approx(cost[small])   # its own rows: all saved
+    unsaved = 2 * (4096 * 64 * 4 - 8 * 64 * 4) / o.hw.bandwidth                  # the cache's rows still move
+    assert o.fused_copy_saving(acc, relu, big) == pytest.approx(max(0.0, cost[big] - unsaved))
+    assert o.fused_copy_saving(acc, relu, big) < cost[big] - 0.9 * unsaved
+
+
 @pytest.mark.parametrize("solver", ["none", "greedy", "ilp"])
 def test_equal_costs_take_the_preferred_implementation(chain, solver):
     """Inductor priced exactly like the template (the analytical model's default when uncalibrated): every
