@@ -152,7 +152,7 @@ PRESETS: dict[str, Hardware] = {
 def measure(device: str | torch.device | None = None, n_bytes: int = 1 << 30, gemm: int = 8192) -> dict[str, float]:
     """Measured copy bandwidth (read + write bytes/s) and bf16 GEMM FLOP/s on ``device``."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    from .profiling import time_callable
+    from vtcsearch.codegen.timing import time_callable
     src = torch.empty(n_bytes // 2, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     t = time_callable(lambda: dst.copy_(src), dev, repeats=20, warmup=5)

@@ -41,6 +41,7 @@ import torch
 
 from vtcsearch.core.expr import evaluate
 from vtcsearch.codegen.lowering import substitute as _subst
+from vtcsearch.codegen.timing import time_callable
 from vtcsearch.core.mapping import IndexMap, Piece
 
 from .accounting import UnitSpec
@@ -101,12 +102,6 @@ def environment_key(device: torch.device, timer: Any) -> str:
     """
     src = timer.source_hash() if hasattr(timer, "source_hash") else "-"
     return f"{device_name(device)}|torch={torch.__version__}|triton={_triton_version()}|src={src}"
-
-
-def time_callable(fn: Callable[[], Any], device: torch.device | str, repeats: int = 10, warmup: int = 2) -> float:
-    """Median seconds of ``fn()`` after warm-up: CUDA events on a GPU, perf_counter on a CPU (the project's timer)."""
-    from vtcsearch.codegen.timing import bench
-    return bench(fn, device=device, cuda_graph=False, flush_l2=False, warmup=warmup, repeats=repeats).median_us * 1e-6
 
 
 # ---------------------------------------------------------------------------

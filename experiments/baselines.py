@@ -54,6 +54,7 @@ class Measurement:
     build_s: float | None = None            # seconds to build it and make its first call (torch.compile compiles
                                             # lazily, on that call): the compile time beside vtcsearch's
     notes: dict[str, Any] = field(default_factory=dict)
+    profile: dict[str, tuple[float, float]] = field(default_factory=dict)   # kernel -> (calls, us) per call
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -106,18 +107,21 @@ def kernel_times(fn: Callable[[], Any], iters: int = 5, trace: str | None = None
     return {k: (n / iters, us / iters) for k, (n, us) in acc.items()}
 
 
-def profile_kernels(fn: Callable[[], Any], iters: int = 5) -> tuple[int, int, float, float]:
-    """(kernels per call, movement kernels per call, movement us, compute us) from torch.profiler."""
+def profile_kernels(fn: Callable[[], Any], iters: int = 5
+                    ) -> tuple[int, int, float, float, dict[str, tuple[float, float]]]:
+    """(kernels per call, movement kernels per call, movement us, compute us, :func:`kernel_times`) from
+    torch.profiler."""
     n = mv = 0.0
     mv_us = comp_us = 0.0
-    for name, (calls, us) in kernel_times(fn, iters).items():
+    times = kernel_times(fn, iters)
+    for name, (calls, us) in times.items():
         n += calls
         if is_movement_kernel(name):
             mv += calls
             mv_us += us
         else:
             comp_us += us
-    return int(n), int(mv), mv_us, comp_us
+    return int(n), int(mv), mv_us, comp_us, times
 
 
 def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profile: bool = True,
@@ -130,7 +134,7 @@ def measure(name: str, fn: Callable[[], Any], *, cuda_graph: bool = False, profi
     if not torch.cuda.is_available():
         return m
     if profile:
-        m.kernels, m.movement_kernels, m.movement_us, m.compute_us = profile_kernels(fn)
+        m.kernels, m.movement_kernels, m.movement_us, m.compute_us, m.profile = profile_kernels(fn)
     return m
 
 

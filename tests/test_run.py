@@ -49,7 +49,7 @@ TOP_TYPES = {
     "schema_version": int, "name": str, "description": str, "config_path": OPT_STR, "command": str, "date": str,
     "wall_s": NUM, "measured": bool, "machine": dict, "oracle": dict, "objective": str, "config": dict,
     "cases": list, "rows": list, "numerics": list, "notes": list, "files": dict, "runs": list,
-    "steps": list, "conv_layers": list,
+    "steps": list, "conv_layers": list, "profile": list,
 }
 CASE_TYPES = {"case": str, "batch": int, "id": str, "workload": str, "description": str, "params": dict,
               "dtype": str, "graph": dict, "vtog": dict, "build_s": NUM, "capture_s": NUM, "vtog_s": NUM,
@@ -554,11 +554,12 @@ def test_one_timer_and_one_machine_everywhere():
     import vtcsearch.codegen.timing as timing
     import vtcsearch.run as run
     assert run.machine is timing.machine and baselines.bench is timing.bench
+    assert profiling.time_callable is timing.time_callable
     assert not hasattr(baselines, "machine") and not hasattr(run, "machine_info")
     m = timing.machine("cpu")
     assert m["device"] == "cpu" and m["gpu"] is None and m["torch"] == torch.__version__
     calls = []
-    assert profiling.time_callable(lambda: calls.append(1), "cpu", repeats=4, warmup=1) >= 0 and len(calls) == 5
+    assert timing.time_callable(lambda: calls.append(1), "cpu", repeats=4, warmup=1) >= 0 and len(calls) == 5
 
 
 @pytest.mark.gpu
@@ -793,6 +794,7 @@ def test_half_precision_numerics_judged_against_fp32():
 
     copy = NumericsCopy.__new__(NumericsCopy)
     copy.ctx = SimpleNamespace(cfg=SimpleNamespace(numerics=NumericsConfig(rtol=1e-3, atol=1e-3)))
+    copy.device = torch.device("cpu")
     torch.manual_seed(0)
     ref32 = torch.randn(4096) * 30
     eager = ref32.half()
@@ -966,3 +968,21 @@ def test_movement_kernel_names(name: str, movement: bool) -> None:
     from experiments.baselines import is_movement_kernel
 
     assert is_movement_kernel(name) is movement
+
+
+def test_profiled_kernels_are_kept_and_the_costliest_reported(monkeypatch):
+    """profile_kernels hands back every kernel it profiled (profile.csv), and the report lists each variant's
+    costliest, marking those that only move data: what a missed target is explained with."""
+    import experiments.baselines as baselines
+    from vtcsearch.report import profile_section
+    times = {"triton_poi_fused_clone_0": (1.0, 9.0), "gemm_kernel": (2.0, 30.0), "attn_kernel": (1.0, 3.0)}
+    monkeypatch.setattr(baselines, "kernel_times", lambda fn, iters=5: times)
+    n, mv, mv_us, comp_us, got = baselines.profile_kernels(lambda: None)
+    assert (n, mv, mv_us, comp_us) == (4, 1, 9.0, 33.0) and got == times
+    rows = [{"case": "c", "batch": 1, "variant": "vtc_ilp", "kernel": k, "calls": c, "us": us,
+             "movement": baselines.is_movement_kernel(k)} for k, (c, us) in got.items()]
+    lines = profile_section({"profile": rows}, top=2)
+    body = [line for line in lines if line.startswith("| c |") or line.startswith("| | |")]
+    assert len(body) == 2 and "`gemm_kernel`" in body[0] and "| c | 1 | vtc_ilp | 4 |" in body[0]
+    assert "`triton_poi_fused_clone_0` *movement*" in body[1] and "| 21% |" in body[1]
+    assert profile_section({"profile": []}) == []

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .atomic import atomic_path, write_text
-from .schema import CONV_FIELDS, INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, STEP_FIELDS, VariantKind
+from .schema import CONV_FIELDS, INT_FIELDS, NUMERICS_FIELDS, PROFILE_FIELDS, ROW_FIELDS, STEP_FIELDS, VariantKind
 
 MIB = 2 ** 20
 
@@ -71,7 +71,7 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
     with atomic_path(out / "numerics.csv") as tmp:
         pd.DataFrame(summary["numerics"], columns=list(NUMERICS_FIELDS)).to_csv(tmp, index=False)
     files["numerics_csv"] = "numerics.csv"
-    for key, fields in (("steps", STEP_FIELDS), ("conv_layers", CONV_FIELDS)):
+    for key, fields in (("steps", STEP_FIELDS), ("conv_layers", CONV_FIELDS), ("profile", PROFILE_FIELDS)):
         if summary.get(key) or summary["config"].get("breakdown", {}).get(key):
             with atomic_path(out / f"{key}.csv") as tmp:
                 pd.DataFrame(with_provenance([{f: r.get(f) for f in fields} for r in summary.get(key, [])], summary),
@@ -239,7 +239,8 @@ def markdown(summary: dict[str, Any]) -> str:
                   "row's own run did not measure the best baseline, so the ratio is not side by side in one "
                   "process.", ""]
 
-    lines += floor_section(summary) + accuracy_section(summary) + steps_section(summary) + conv_section(summary)
+    lines += floor_section(summary) + accuracy_section(summary) + steps_section(summary) + conv_section(summary) \
+        + profile_section(summary)
 
     solved = [r for r in summary["rows"] if r["kind"] == VariantKind.VTCSEARCH and r["status"] == "ok"]
     if solved:
@@ -295,8 +296,10 @@ def markdown(summary: dict[str, Any]) -> str:
         lines += ["## Points-to graphs", ""] + [f"![{Path(p).stem}]({p})" for p in pics] + [""]
     lines += ["## Files", "", "- `summary.json`, `summary.csv`: one row per case, batch and variant "
               "(schema: README, *summary.json*)", "- `kernels.csv`: per-kernel cost of each solver's strategy "
-              f"(`{o.get('oracle')}` oracle rows)", "- `numerics.csv`: the numerics table above",
-              "- `vtog/`: VTOG JSON per case and points-to pictures; `strategies/`: chosen edges per solver", ""]
+              f"(`{o.get('oracle')}` oracle rows)", "- `numerics.csv`: the numerics table above"]
+    if summary.get("profile"):
+        lines += ["- `profile.csv`: every GPU kernel of each measured variant, calls and us per call"]
+    lines += ["- `vtog/`: VTOG JSON per case and points-to pictures; `strategies/`: chosen edges per solver", ""]
     return "\n".join(lines)
 
 
@@ -351,6 +354,28 @@ def steps_section(summary: dict[str, Any]) -> list[str]:
         worst = max((r for r in rs if r.get("x_floor")), key=lambda r: r["x_floor"], default=None)
         far = f"{worst['step']} ({worst['x_floor']:.1f}x)" if worst else "-"
         lines.append(f"| {case} | {batch} | {variant} | {len(rs)} | {total:.1f} | {far} |")
+    return lines + [""]
+
+
+def profile_section(summary: dict[str, Any], top: int = 6) -> list[str]:
+    """Per measured variant: its kernels taking the most time per call (profile.csv), movement ones marked."""
+    prof = summary.get("profile") or []
+    if not prof:
+        return []
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in prof:
+        groups.setdefault((r["case"], r["batch"], r["variant"]), []).append(r)
+    lines = ["## Kernels profiled", "", f"Each measured variant's {top} costliest GPU kernels per call (torch.profiler, "
+             "outside CUDA graphs; every kernel in `profile.csv`); *movement* marks a kernel that only moves data.",
+             "", "| case | batch | variant | kernels | kernel | calls | us | share |", "|---|---|---|---|---|---|---|---|"]
+    for (case, batch, variant), rs in groups.items():
+        total = sum(r["us"] or 0.0 for r in rs)
+        for i, r in enumerate(sorted(rs, key=lambda r: -(r["us"] or 0.0))[:top]):
+            name = r["kernel"] if len(r["kernel"]) <= 60 else r["kernel"][:57] + "..."
+            head = f"| {case} | {batch} | {variant} | {sum(x['calls'] or 0 for x in rs):.0f} |" if i == 0 else \
+                "| | | | |"
+            lines.append(f"{head} `{name}`{' *movement*' if r.get('movement') else ''} | {r['calls']:.0f} | "
+                         f"{r['us']:.1f} | {100 * (r['us'] or 0) / max(total, 1e-9):.0f}% |")
     return lines + [""]
 
 

@@ -135,6 +135,7 @@ class RunContext:
     stage: str = ""             # the step of the case in progress (for failure messages)
     steps: list[dict[str, Any]] = dataclasses.field(default_factory=list)         # steps.csv rows
     conv_layers: list[dict[str, Any]] = dataclasses.field(default_factory=list)   # conv_layers.csv rows
+    profile: list[dict[str, Any]] = dataclasses.field(default_factory=list)       # profile.csv rows
     notes: list[str] = dataclasses.field(default_factory=list)
     run: dict[str, Any] = dataclasses.field(default_factory=dict)   # command, date, machine of this run
     partial: tuple | None = None   # (case, rows, strategy files) of the case in progress
@@ -269,6 +270,11 @@ def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
     return out
 
 
+def host_copy(t):
+    """A copy of tensor ``t`` in host memory (a reference kept for later comparison)."""
+    return t.detach().to("cpu", copy=True)
+
+
 class NumericsCopy:
     """A real (CPU or GPU) copy of a case, its eager reference, and each solver's realized strategy on it."""
 
@@ -290,11 +296,15 @@ class NumericsCopy:
                 fuse_graph(graph, prologues=True)
             vtog = build_vtog(graph)
         self.w, self.graph, self.vtog = workload, graph, vtog
-        self.saved = {n: b.clone() for n, b in self.w.model.named_buffers()}
+        self.device = next(iter((*workload.model.parameters(), *workload.model.buffers())),
+                           torch.empty(0)).device
+        # the references live in host memory: the GPU's is the model's and the variants' (Gemma 2 9B at batch 16
+        # holds 22 GB of KV caches, and three copies of them on the device left no room for the variants)
+        self.saved = {n: host_copy(b) for n, b in self.w.model.named_buffers()}
         with torch.no_grad():
             out = self.w.model(*self.w.example_inputs)
-        self.ref = [t.clone() for t in tensors_of(out)]
-        self.ref_bufs = {n: b.clone() for n, b in self.w.model.named_buffers()}
+        self.ref = [host_copy(t) for t in tensors_of(out)]
+        self.ref_bufs = {n: host_copy(b) for n, b in self.w.model.named_buffers()}
         self.restore()
         self.ref32, self.ref32_bufs = self._fp32_reference()
         self.by_strategy: dict[frozenset, dict[str, Any]] = {}
@@ -309,13 +319,18 @@ class NumericsCopy:
         import torch
         if self.dtype not in (torch.float16, torch.bfloat16):
             return None, {}
+        need = 3 * sum(t.nbytes for t in (*self.w.model.parameters(), *self.w.model.buffers()))  # copy + fp32
+        if self.device.type == "cuda" and need > torch.cuda.mem_get_info(self.device)[0]:
+            self.ctx.log(f"   no fp32 reference: it needs {need / 2**30:.1f} GiB, more than the GPU has free; "
+                              "numerics are judged against eager alone")
+            return None, {}
         model = copy.deepcopy(self.w.model).float()
         inputs = [x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
                   for x in self.w.example_inputs]
         with torch.no_grad():
             out = model(*inputs)
-        ref = [t.clone() for t in tensors_of(out)]
-        bufs = {n: b.clone() for n, b in model.named_buffers()}
+        ref = [host_copy(t) for t in tensors_of(out)]
+        bufs = {n: host_copy(b) for n, b in model.named_buffers()}
         del model
         return ref, bufs
 
@@ -325,12 +340,18 @@ class NumericsCopy:
         cfgn = self.ctx.cfg.numerics
         if got.shape != eager.shape:
             return False
+        got, eager = got.to(self.device), eager.to(self.device)   # host copies, compared on the model's device
         if bool(torch.allclose(got.float(), eager.float(), rtol=cfgn.rtol, atol=cfgn.atol)):
             return True
         if ref32 is None or ref32.shape != got.shape:
             return False
+        ref32 = ref32.to(self.device)
         mine, base = errors(got, ref32)[0], errors(eager, ref32)[0]
         return mine <= cfgn.fp32_factor * base + 1e-6
+
+    def errors(self, a, b) -> tuple[float, float]:
+        """:func:`errors` of two host copies, computed on the model's device."""
+        return errors(a.to(self.device), b.to(self.device))
 
     def restore(self) -> None:
         for n, b in self.w.model.named_buffers():
@@ -350,8 +371,8 @@ class NumericsCopy:
             with quiet_warnings():   # the interpreter warns about the NaN poison of unwritten scratch
                 if exe is None:
                     exe = realize(self.graph, strategy, self.w.model)
-                outs = [o.clone() for o in exe(*self.w.example_inputs)]
-            bufs = {n: b.clone() for n, b in self.w.model.named_buffers()}
+                outs = [host_copy(o) for o in exe(*self.w.example_inputs)]
+            bufs = {n: host_copy(b) for n, b in self.w.model.named_buffers()}
         except Exception as e:
             rec.update(ok=False, error=first_line(e))
             self.restore()
@@ -367,16 +388,16 @@ class NumericsCopy:
         rel32 = eager32 = None
         for k, (o, r) in enumerate(zip(outs, self.ref)):
             nan |= bool(torch.isnan(o).any()) and not bool(torch.isnan(r).any())
-            e_rel, e_max = errors(o, r)
+            e_rel, e_max = self.errors(o, r)
             rel, mx = max(rel, e_rel), max(mx, e_max)
             r32 = self.ref32[k] if self.ref32 is not None else None
             ok &= self._close(o, r, r32)
             if r32 is not None and r32.shape == o.shape:
-                rel32 = max(rel32 or 0.0, errors(o, r32)[0])
-                eager32 = max(eager32 or 0.0, errors(r, r32)[0])
+                rel32 = max(rel32 or 0.0, self.errors(o, r32)[0])
+                eager32 = max(eager32 or 0.0, self.errors(r, r32)[0])
         brel = bmax = 0.0
         for n, r in self.ref_bufs.items():
-            e_rel, e_max = errors(bufs[n], r)
+            e_rel, e_max = self.errors(bufs[n], r)
             brel, bmax = max(brel, e_rel), max(bmax, e_max)
             ok &= self._close(bufs[n], r, self.ref32_bufs.get(n))
         rec.update(ok=bool(ok and not nan), rel_err=rel, max_abs_err=mx, buffers_rel_err=brel,
@@ -595,7 +616,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     import torch
 
     from .breakdown import conv_layer_rows, step_rows
-    from experiments.baselines import Variant, baseline_variants, run_variant
+    from experiments.baselines import Variant, baseline_variants, is_movement_kernel, run_variant
     from vtcsearch.codegen.inductor import clear_compiled_regions
     from vtcsearch.codegen.realize import realize
 
@@ -603,7 +624,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     copy = NumericsCopy(ctx, {}, batch, size=cfg.workload.size, dtype=w.dtype, device="cuda",
                         workload=w, graph=graph, vtog=None) if cfg.numerics.enabled else None
     model, inputs = w.model, w.example_inputs
-    saved = {n: b.clone() for n, b in model.named_buffers()}
+    saved = copy.saved if copy is not None else {n: host_copy(b) for n, b in model.named_buffers()}
 
     def restore() -> None:
         for n, b in model.named_buffers():
@@ -651,6 +672,9 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                     row.update(status="ok", measured_peak_bytes=m.peak_memory_bytes, kernels=m.kernels,
                                movement_kernels=m.movement_kernels, movement_us=m.movement_us, compute_us=m.compute_us,
                                build_s=m.build_s)     # a baseline's compile time (build + first call); vtc: below
+                    ctx.profile += [{"case": label, "batch": batch, "variant": var.name, "kernel": k, "calls": c,
+                                     "us": us, "movement": is_movement_kernel(k)}
+                                    for k, (c, us) in sorted(m.profile.items(), key=lambda kv: -kv[1][1])]
                     log(f"   {var.name:22s} built: peak {(m.peak_memory_bytes or 0) / 2 ** 20:.1f} MiB, "
                         f"{m.kernels} kernels ({m.movement_kernels} movement)")
                 name = solver_of(var.name)
@@ -800,6 +824,7 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
         "oracle": ctx.oracle.describe(), "objective": cfg.objective, "config": cfg.to_dict(),
         "cases": [], "rows": [], "numerics": [], "notes": ctx.notes, "files": {}, "runs": [this_run],
         "steps": ctx.steps, "conv_layers": ctx.conv_layers,      # breakdown.steps / conv_layers (GPU)
+        "profile": ctx.profile,                                  # every measured variant's kernels (GPU)
     }
     kernel_rows: list[dict[str, Any]] = []
     plan = [(i, p, b) for i, p in enumerate(cfg.workload.cases)
@@ -876,8 +901,8 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     summary["wall_s"] = wall_s
     labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
-    for key in ("cases", "rows", "numerics", "steps", "conv_layers"):   # config order, whatever order appended
-        summary[key].sort(key=order)                                     # pieces ran in (in place: ctx fills them)
+    for key in ("cases", "rows", "numerics", "steps", "conv_layers", "profile"):   # config order, whatever order
+        summary.setdefault(key, []).sort(key=order)                      # pieces ran in (in place: ctx fills them)
     summary["rows"] = [{f: r.get(f) for f in ROW_FIELDS} for r in report.with_provenance(summary["rows"], summary)]
     latest = {(r.get("case"), r.get("batch"), r.get("size"), r.get("solver")): r for r in summary["numerics"]}
     summary["numerics"] = [{f: r.get(f) for f in NUMERICS_FIELDS}   # appended runs: last wins
@@ -968,7 +993,7 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
     summary["rows"] = report.with_provenance([r for r in old["rows"] if keep_row(r)], old)   # the old run's,
     summary["numerics"] = report.with_provenance(                                         # where a row has none
         [r for r in old["numerics"] if keep(r) or r.get("solver") not in solver_redo], old)
-    for key in ("steps", "conv_layers"):       # in place: the run context appends to these lists
+    for key in ("steps", "conv_layers", "profile"):   # in place: the run context appends to these lists
         summary[key][:0] = [r for r in old.get(key, []) if keep_row(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
     earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]

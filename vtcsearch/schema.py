@@ -48,6 +48,8 @@ ROW_FIELDS = (
 # steps.csv and conv_layers.csv (breakdown.steps / breakdown.conv_layers, GPU only)
 STEP_FIELDS = ("case", "batch", "variant", "step", "step_kind", "lowering", "measured_us", "floor_us", "x_floor",
                "modes", "error")
+# profile.csv (every measured variant on a GPU): its kernels by name, from torch.profiler, per call
+PROFILE_FIELDS = ("case", "batch", "variant", "kernel", "calls", "us", "movement")
 CONV_FIELDS = ("case", "batch", "variant", "kernel", "x", "w", "stride", "padding", "groups", "epilogue_ops",
                "triton_us", "cudnn_us", "x_cudnn", "error")
 INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",

@@ -104,6 +104,11 @@ def bench(fn: Callable[[], Any], *, device: Any = None, cuda_graph: bool = True,
     return _summarize(sampler.take(_count(sampler.sample, repeats, rep_ms, max_repeats)), sampler.method)
 
 
+def time_callable(fn: Callable[[], Any], device: Any, repeats: int = 10, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` after warm-up, as plain calls (no CUDA graph, no L2 flush)."""
+    return bench(fn, device=device, cuda_graph=False, flush_l2=False, warmup=warmup, repeats=repeats).median_us * 1e-6
+
+
 def bench_side_by_side(fns: Mapping[str, tuple[Callable[[], Any], bool]], *, device: Any = None, rounds: int = 5,
                        rep_ms: float = 300.0, max_repeats: int = 1000) -> dict[str, Timing | Exception]:
     """Time several callables against each other: ``fns`` maps a name to ``(fn, cuda_graph)``.
