@@ -119,3 +119,37 @@ def test_cli_one_line_error_on_a_folder_without_summary(tmp_path, capsys):
     assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "nope" in err and err.count("\n") == 1
+
+
+def test_kernel_time_by_class_says_which_kernels_make_a_case_slower(tmp_path):
+    """profile.csv rows become kernel time per class for the best baseline and vtcsearch; a slower case names
+    the classes where vtcsearch spends more."""
+    from vtcsearch.evaluation import kernel_class
+    assert kernel_class("sm90_xmma_fprop_implicit_gemm_f16", False) == "convolution"
+    assert kernel_class("triton_tem_fused_mm_0", False) == "gemm" and kernel_class("gemm_kernel", False) == "gemm"
+    assert kernel_class("attn_combine", False) == "attention"
+    assert kernel_class("triton_poi_fused_add_mul_0", False) == "other"
+    assert kernel_class("copy_kernel", True) == "movement"
+
+    def prof(variant, kernel, us, movement=False, calls=1):
+        return {"case": "shufflenet", "batch": 1, "variant": variant, "kernel": kernel, "calls": calls, "us": us,
+                "movement": movement}
+
+    d = folder(tmp_path, "shufflenet", "shufflenet", [case("shufflenet", 1, "ilp", 10)], [
+        row("shufflenet", 1, "compile_default", 200, 20),
+        vtc("shufflenet", 1, "ilp", 250, 25),
+    ])
+    s = json.loads((d / "summary.json").read_text())
+    s["profile"] = [prof("compile_default", "sm90_xmma_fprop_implicit_gemm", 150.0, calls=2),
+                    prof("compile_default", "triton_poi_fused_relu_0", 40.0),
+                    prof("vtc_ilp", "sm90_xmma_fprop_implicit_gemm", 150.0, calls=2),
+                    prof("vtc_ilp", "triton_poi_fused_relu_0", 41.0),
+                    prof("vtc_ilp", "copy_kernel", 50.0, movement=True)]
+    (d / "summary.json").write_text(json.dumps(s))
+    res = evaluate([d], tmp_path / "eval")
+    tc = {r["who"]: r for r in res["kernel_classes"]}
+    assert tc["best baseline"]["convolution"] == 150.0 and tc["best baseline"]["kernels"] == 3
+    assert tc["vtcsearch"]["movement"] == 50.0 and tc["vtcsearch"]["total"] == 241.0
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert "profiled kernel time over it: movement +50.0 us, other +1.0 us" in report
+    assert "## Kernel time by class" in report

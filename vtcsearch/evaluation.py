@@ -10,6 +10,8 @@ several GPU sessions) and writes to ``--out``: ``report.md``, one CSV per table 
 * Table 1: peak memory (model footprint + activation peak) against torch.compile (default);
 * Figure 12: data-movement versus compute kernel time (the profiler's classification in
   :mod:`experiments.baselines`), best baseline and vtcsearch;
+* kernel time by class (movement, GEMM, convolution, attention, other generated code) for the best baseline
+  and vtcsearch, from each folder's ``profile.csv``: which kernels account for a gap;
 * compile time: capture, search, kernel build (and torch.compile's build for comparison);
 * the memory-objective run (``ilp:mix``): the latency it costs and the memory it saves.
 
@@ -28,6 +30,7 @@ from datetime import datetime, timezone
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -103,6 +106,8 @@ def collect(summaries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
                              f"the latter is used")
             rows = [r for r in s["rows"] if (r["case"], r["batch"]) == (case["case"], case["batch"])]
             recs[key] = _record(s, name, wl, case, rows)
+            recs[key]["profile"] = [r for r in s.get("profile") or []
+                                    if (r["case"], r["batch"]) == (case["case"], case["batch"])]
     return list(recs.values()), notes
 
 
@@ -216,6 +221,54 @@ def figure12(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# a profiled kernel's class, by name (movement comes from the runner's own classification, ``movement``)
+KERNEL_CLASSES = (
+    ("convolution", re.compile(r"conv|fprop|dgrad|wgrad|cudnn", re.IGNORECASE)),
+    ("attention", re.compile(r"attn|attention|flash|fmha|sdpa", re.IGNORECASE)),
+    ("gemm", re.compile(r"gemm|matmul|cublas|cutlass|nvjet|wgmma|xmma|splitk|(?:^|_)(?:mm|addmm|bmm)(?:_|$)|"
+                        r"triton_tem_", re.IGNORECASE)),
+)
+CLASSES = ("movement", "gemm", "convolution", "attention", "other")
+
+
+def kernel_class(name: str, movement: bool) -> str:
+    """movement | gemm | convolution | attention | other (generated pointwise and reduction code, the rest)."""
+    if movement:
+        return "movement"
+    return next((c for c, rx in KERNEL_CLASSES if rx.search(name)), "other")
+
+
+def time_by_class(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case, best baseline and vtcsearch: profiled kernel us per call in each class (profile.csv)."""
+    out = []
+    for r in recs:
+        for who, row in (("best baseline", r["best_base"]), ("vtcsearch", r["vtc"] if r["measured"] else None)):
+            prof = [p for p in r.get("profile") or [] if row is not None and p["variant"] == row["variant"]]
+            if not prof:
+                continue
+            rec = {"model": r["model"], "batch": r["batch"], "who": who, "variant": row["variant"],
+                   **{c: 0.0 for c in CLASSES}, "kernels": 0.0}
+            for p in prof:
+                rec[kernel_class(p["kernel"], bool(p.get("movement")))] += p["us"] or 0.0
+                rec["kernels"] += p["calls"] or 0.0
+            rec["total"] = sum(rec[c] for c in CLASSES)
+            out.append(rec)
+    return out
+
+
+def class_gaps(tc: list[dict[str, Any]]) -> dict[tuple[str, int], str]:
+    """(model, batch) -> the classes where vtcsearch spends more kernel time than the best baseline, largest first."""
+    by = {(r["model"], r["batch"], r["who"]): r for r in tc}
+    out = {}
+    for (m, b, who), v in by.items():
+        base = by.get((m, b, "best baseline"))
+        if who != "vtcsearch" or base is None:
+            continue
+        gaps = sorted(((v[c] - base[c], c) for c in CLASSES if v[c] - base[c] > 0.5), reverse=True)
+        out[m, b] = ", ".join(f"{c} +{d:.1f} us" for d, c in gaps) or "no class slower"
+    return out
+
+
 def compile_times(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Seconds to capture, search (the picked solver) and build kernels, beside torch.compile's build."""
     out = []
@@ -260,10 +313,14 @@ def headline(f11, t1, f12) -> dict[str, Any]:
             "movement_cases": len(vt)}
 
 
-def targets_missed(f11, t1, h) -> list[str]:
-    """Each missed target of issue 15 and by how much (per-kernel times: the runner folder's kernels.csv)."""
+def targets_missed(f11, t1, h, gaps: dict[tuple[str, int], str] | None = None) -> list[str]:
+    """Each missed target of issue 15, by how much, and (``gaps``, :func:`class_gaps`) which kernel classes
+    account for a slower case (every kernel: the runner folder's profile.csv)."""
+    gaps = gaps or {}
     out = [f"{r['model']} bs{r['batch']}: {r['speedup']:.2f}x, {100 * (1 - r['speedup']):.1f}% slower than "
            f"{r['best_baseline']} ({r['vtcsearch_us']:.1f} vs {r['best_baseline_us']:.1f} us)"
+           + (f"; profiled kernel time over it: {gaps[r['model'], r['batch']]}" if (r["model"], r["batch"]) in gaps
+              else "")
            for r in f11 if r["speedup"] is not None and r["speedup"] < 1.0]
     if h["speedup_mean"] is not None and h["speedup_mean"] < 1.30:
         out.append(f"geometric mean {h['speedup_mean']:.2f}x < 1.30x over {h['speedup_cases']} case(s)")
@@ -296,7 +353,7 @@ def _md(rows: list[dict[str, Any]], cols: list[tuple[str, str, str]]) -> str:
     return head + body
 
 
-def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR") -> str:
+def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR", tc=()) -> str:
     """report.md: each table beside the paper's headline numbers."""
     p = PAPER
     pct = lambda x: _f(None if x is None else 100 * x, ".1f") + ("%" if x is not None else "")  # noqa: E731
@@ -317,7 +374,8 @@ def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR") ->
                  f"| data movement eliminated | {p['movement_eliminated']} of {p['movement_cases']} | "
                  f"{h['movement_eliminated']} of {h['movement_cases']} profiled |\n")
     lines.append("## Targets missed (issue 15: >= 1.0x everywhere, geomean >= 1.30x, peak <= torch.compile)\n")
-    lines.append("".join(f"- {m}\n" for m in targets_missed(f11, t1, h)) or "None among the measured cases.\n")
+    lines.append("".join(f"- {m}\n" for m in targets_missed(f11, t1, h, class_gaps(list(tc))))
+                 or "None among the measured cases.\n")
     lines.append("## Missing cases\n")
     lines.append("".join(f"- {m}\n" for m in missing) or "None: every expected case is measured.\n")
     if notes:
@@ -348,6 +406,13 @@ def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR") ->
                            ("variant", "variant", ""), ("movement_us", "movement us", ".1f"),
                            ("compute_us", "compute us", ".1f"), ("movement_kernels", "movement kernels", ""),
                            ("kernels", "kernels", "")]))
+    lines.append("## Kernel time by class\n")
+    lines.append("Profiled GPU kernel time per call (`profile.csv` of each folder), by what the kernels do: which "
+                 "kernels account for a gap between vtcsearch and the best baseline.\n")
+    lines.append(_md(list(tc), [("model", "model", ""), ("batch", "batch", ""), ("who", "who", ""),
+                                ("variant", "variant", ""), *((c, f"{c} us", ".1f") for c in CLASSES),
+                                ("total", "total us", ".1f"), ("kernels", "kernels", ".0f")])
+                 if tc else "_no folder has profile.csv rows yet (written by runs since 2026-12-04)_\n")
     lines.append("## Compile time (seconds)\n")
     lines.append(_md(ct, [("model", "model", ""), ("batch", "batch", ""), ("capture_s", "capture", ".1f"),
                           ("vtog_s", "VTOG", ".1f"), ("search_s", "search", ".1f"),
@@ -418,16 +483,18 @@ def evaluate(folders: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     recs.sort(key=lambda r: (next((i for i, e in enumerate(EXPECTED) if e[:2] == (r["name"], r["case"])),
                                   len(EXPECTED)), r["model"], r["batch"]))
     f11, t1, f12, ct, mo = figure11(recs), table1(recs), figure12(recs), compile_times(recs), memory_objective(recs)
+    tc = time_by_class(recs)
     missing, h = missing_cases(recs), headline(f11, t1, f12)
     out.mkdir(parents=True, exist_ok=True)
-    tables = {"figure11": f11, "table1": t1, "figure12": f12, "compile_time": ct, "memory_objective": mo}
+    tables = {"figure11": f11, "table1": t1, "figure12": f12, "kernel_classes": tc, "compile_time": ct,
+              "memory_objective": mo}
     where = {(r["model"], r["batch"]): r["provenance"] for r in recs}
     for name, rows in tables.items():
         rows = [{**r, **where.get((r.get("model"), r.get("batch")), {})} for r in rows]
         with atomic_path(out / f"{name}.csv") as tmp:
             pd.DataFrame(rows, columns=None if rows else ["model", "batch", *PROVENANCE]).to_csv(tmp, index=False)
     write_plots(out, f11, t1, f12)
-    write_text(out / "report.md", markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, str(out)))
+    write_text(out / "report.md", markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, str(out), tc))
     return {**tables, "headline": h, "missing": missing, "notes": notes}
 
 
