@@ -39,6 +39,7 @@ ROW_TYPES = {
     "measured_latency_us": OPT_NUM, "measured_p20_us": OPT_NUM, "measured_p80_us": OPT_NUM,
     "speedup_vs_none": OPT_NUM, "speedup_vs_best_baseline": OPT_NUM, "objective": OPT_NUM,
     "predicted_peak_bytes": OPT_INT, "predicted_activation_peak_bytes": OPT_INT, "measured_peak_bytes": OPT_INT,
+    "executable_bytes": OPT_INT,
     "kernels": OPT_INT, "movement_kernels": OPT_INT, "movement_us": OPT_NUM, "compute_us": OPT_NUM,
     "virtual_tensors": OPT_INT, "eliminated_ops": OPT_INT, "residual_copies": OPT_INT, "solver_status": OPT_STR,
     "solve_wall_s": OPT_NUM, "oracle_calls": OPT_INT, "unit_queries": OPT_INT, "measurements": OPT_INT,

@@ -679,7 +679,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                         f"{m.kernels} kernels ({m.movement_kernels} movement)")
                 name = solver_of(var.name)
                 if name in exes:
-                    row.update(fallbacks=len(exes[name].summary()["fallbacks"]), build_s=build_s.get(name))
+                    row.update(fallbacks=len(exes[name].summary()["fallbacks"]), build_s=build_s.get(name),
+                               executable_bytes=exes[name].allocated_bytes)
                 where = {"case": label, "batch": batch, "variant": var.name}
                 if name in exes and cfg.breakdown.steps:
                     ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]

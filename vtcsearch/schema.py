@@ -37,7 +37,7 @@ ROW_FIELDS = (
     "latency_us", "latency_source", "predicted_latency_us", "measured_latency_us", "measured_p20_us",
     "measured_p80_us", "timing_rounds", "speedup_vs_none", "speedup_vs_best_baseline", "baseline_same_process",
     "objective",
-    "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
+    "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "executable_bytes",
     "kernels", "movement_kernels", "movement_us", "compute_us",
     "virtual_tensors", "eliminated_ops", "residual_copies",
     "solver_status", "solve_wall_s", "oracle_calls", "unit_queries", "measurements",
@@ -52,7 +52,8 @@ STEP_FIELDS = ("case", "batch", "variant", "step", "step_kind", "lowering", "mea
 PROFILE_FIELDS = ("case", "batch", "variant", "kernel", "calls", "us", "movement")
 CONV_FIELDS = ("case", "batch", "variant", "kernel", "x", "w", "stride", "padding", "groups", "epilogue_ops",
                "triton_us", "cudnn_us", "x_cudnn", "error")
-INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes", "kernels",
+INT_FIELDS = ("batch", "predicted_peak_bytes", "predicted_activation_peak_bytes", "measured_peak_bytes",
+              "executable_bytes", "kernels",
               "movement_kernels", "virtual_tensors", "eliminated_ops", "residual_copies", "oracle_calls",
               "unit_queries", "measurements", "fallbacks", "timing_rounds")
 NUMERICS_FIELDS = ("case", "batch", "size", "dtype", "solver", "ok", "rel_err", "max_abs_err",
