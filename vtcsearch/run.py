@@ -322,7 +322,7 @@ class NumericsCopy:
         need = 3 * sum(t.nbytes for t in (*self.w.model.parameters(), *self.w.model.buffers()))  # copy + fp32
         if self.device.type == "cuda" and need > torch.cuda.mem_get_info(self.device)[0]:
             self.ctx.log(f"   no fp32 reference: it needs {need / 2**30:.1f} GiB, more than the GPU has free; "
-                              "numerics are judged against eager alone")
+                         "numerics are judged against eager alone")
             return None, {}
         model = copy.deepcopy(self.w.model).float()
         inputs = [x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
