@@ -987,3 +987,32 @@ def test_profiled_kernels_are_kept_and_the_costliest_reported(monkeypatch):
     assert len(body) == 2 and "`gemm_kernel`" in body[0] and "| c | 1 | vtc_ilp | 4 |" in body[0]
     assert "`triton_poi_fused_clone_0` *movement*" in body[1] and "| 21% |" in body[1]
     assert profile_section({"profile": []}) == []
+
+
+def test_a_gpu_run_precompiles_in_a_spawned_process(tmp_path, monkeypatch):
+    """Once CUDA is initialized the profiling oracle's compile workers cannot fork; the runner then prepares
+    the case in a spawned process that captures it on the meta device, and counts the same candidates as
+    this process would.  A spawned process that fails leaves a note and the in-process fallback."""
+    import dataclasses as dc
+
+    import vtcsearch.run as run
+    from vtcsearch.config import load_config
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.vtog import build_vtog
+    from experiments.workloads import build_workload
+
+    cfg = dc.replace(load_config(TINY), oracle="profiling", solvers=["none", "ilp"])
+    ctx = run.RunContext(cfg, "cpu", tmp_path, False, run.Log(quiet=True))
+    ctx.oracle = run.make_oracle(ctx)
+    params = dict(cfg.workload.cases[0])
+    w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=1, device="meta",
+                       **{**cfg.workload.params, **params})
+    vtog = build_vtog(capture(w.model, w.example_inputs))
+    here = run.prepare_oracles(ctx, vtog)["profiling"]
+    monkeypatch.setattr(run, "_cuda_initialized", lambda: True)     # as on the GPU path (not in the child)
+    there = run.prepare_oracles(ctx, vtog, (params, 1))["profiling"]
+    assert there["process"] == "spawned" and "process" not in here
+    assert there["candidates"] == here["candidates"] > 0
+    bad = run.prepare_oracles(ctx, vtog, ({**params, "part": "no such part"}, 1))["profiling"]
+    assert "process" not in bad and bad["candidates"] == here["candidates"]
+    assert "precompiling in a spawned process failed" in ctx.notes[-1] and "part" in ctx.notes[-1]

@@ -216,17 +216,21 @@ def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None 
     return get_oracle(name, objective=objective, **opts)
 
 
-def prepare_oracles(ctx: RunContext, vtog) -> dict[str, Any] | None:
+def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | None = None
+                    ) -> dict[str, Any] | None:
     """Precompile the candidate kernels of every profiling oracle the solvers search with (its ``prepare``:
     a process pool), before any solver asks for a cost; returns its counts per oracle (None: no profiling).
 
-    ``prepare`` forks its workers, which is only safe while this process has not touched CUDA; on the GPU
-    path the workload is built on the device before capture, so there it reports ``workers: 0`` and the
-    kernels are compiled while timing (``fallback`` says so)."""
+    ``prepare`` forks its workers, which is only safe while this process has not touched CUDA.  On the GPU
+    path the workload is already on the device, so ``case`` (its params and batch) is prepared in a spawned
+    process that captures it on the meta device and forks the workers there (:func:`_prepare_elsewhere`):
+    Triton's and Inductor's on-disk caches then make this process's compiles at timing hits.  Without
+    ``case`` it reports ``workers: 0`` and the kernels are compiled while timing (``fallback`` says so)."""
     from cost_models.profiling import ProfilingOracle
     from solvers import SolverRefused
     out: dict[str, Any] = {}
     seen: set[int] = set()
+    elsewhere: dict[str, Any] | None = None
     for name in ctx.cfg.solvers:
         try:
             o = ctx.oracle_for(name)
@@ -235,6 +239,15 @@ def prepare_oracles(ctx: RunContext, vtog) -> dict[str, Any] | None:
         if not isinstance(o, ProfilingOracle) or id(o) in seen or split_solver(name)[0] in ("none", "all"):
             continue
         seen.add(id(o))
+        if case is not None and _cuda_initialized():
+            if elsewhere is None:
+                elsewhere = _prepare_elsewhere(ctx, *case)
+            if o.name in elsewhere:
+                out[o.name] = rep = {**elsewhere[o.name], "process": "spawned"}
+                ctx.log(f"   prepare ({o.name}) in a spawned process: {rep['candidates']} candidate kernels, "
+                        f"{rep['cached']} cached, {rep['compiled']} compiled, {rep['failed']} failed on "
+                        f"{rep['workers']} workers ({rep['seconds']:.1f} s)")
+                continue
         rep = dict(o.prepare(vtog))
         if rep.get("to_measure") and not rep.get("workers"):
             rep["fallback"] = ("CUDA already initialized in this process: compiled while timing"
@@ -244,6 +257,57 @@ def prepare_oracles(ctx: RunContext, vtog) -> dict[str, Any] | None:
                 f"({rep['seconds']:.1f} s)" + (f"; {rep['fallback']}" if "fallback" in rep else ""))
         out[o.name] = rep
     return out or None
+
+
+def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> dict[str, Any]:
+    """:func:`prepare_oracles` of one case in a spawned process that never touches CUDA (it captures the case
+    on the meta device), so that its compile workers may fork; {} (and a note) if that process fails."""
+    import multiprocessing as mp
+    spawn = mp.get_context("spawn")
+    recv, send = spawn.Pipe(duplex=False)
+    p = spawn.Process(target=_prepare_case, args=(ctx.cfg, ctx.device, str(ctx.out), params, batch, send))
+    p.start()
+    send.close()
+    try:
+        res = recv.recv()
+    except EOFError:
+        res = f"the process exited with code {p.exitcode}"
+    finally:
+        p.join(timeout=5)
+        if p.is_alive():      # stopped mid-way (a deadline): its forked workers end with it
+            p.terminate()
+            p.join(timeout=5)
+    if isinstance(res, str):
+        ctx.notes.append(f"precompiling in a spawned process failed ({res}); kernels were compiled while timing")
+        ctx.log("   " + ctx.notes[-1])
+        return {}
+    return res
+
+
+def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], batch: int, send) -> None:
+    """The spawned process of :func:`_prepare_elsewhere`: the case captured on the meta device, its profiling
+    oracles prepared with forked workers; sends the counts (or the error, as one line)."""
+    try:
+        import torch
+
+        from experiments.workloads import build_workload
+        from vtcsearch.core.capture import capture
+        from vtcsearch.core.fusion import fuse_graph
+        from vtcsearch.core.vtog import build_vtog
+        ctx = RunContext(cfg, device, Path(out), False, Log(quiet=True))
+        ctx.oracle = make_oracle(ctx)
+        torch.manual_seed(cfg.seed)
+        w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=batch, device="meta",
+                           dtype=torch_dtype(cfg.dtype), **{**cfg.workload.params, **params})
+        with quiet_warnings():
+            graph = capture(w.model, w.example_inputs, hfuse=cfg.hfuse)
+        if cfg.prologues:
+            fuse_graph(graph, prologues=True)
+        send.send(prepare_oracles(ctx, build_vtog(graph)) or {})
+    except BaseException as e:   # one line back to the runner, which compiles while timing instead
+        send.send(first_line(e))
+    finally:
+        send.close()
 
 
 def _cuda_initialized() -> bool:
@@ -487,7 +551,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     rows: list[dict[str, Any]] = []
     strategy_files: dict[str, tuple[Path, dict[str, Any]]] = {}   # variant -> (path, strategy JSON)
     ctx.partial = (case, rows, strategy_files)      # what a stopped run keeps of this case (run_config)
-    case["prepare"] = prepare_oracles(ctx, vtog)
+    case["prepare"] = prepare_oracles(ctx, vtog, (params, batch))
     results = solve_all(ctx, vtog, f"{label} bs{batch}")
     acc = ctx.oracle.accounting(vtog)
     evals: dict[str, Any] = {}
