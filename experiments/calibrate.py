@@ -144,6 +144,12 @@ FIT: tuple[tuple[str, str, float, float], ...] = (
     ("eff", "triton/pieces", 0.02, 1.0),
     ("eff", "library/program", 0.05, 1.0),
     ("eff", "library/gather", 0.02, 1.0),
+    # Inductor's convolutions and GEMMs (a profiling search with implementations including inductor measures
+    # them); without such measurements they are unconstrained and not written
+    ("eff", "inductor/conv", 1e-4, 1.0),
+    ("eff", "inductor/conv_grouped", 1e-4, 1.0),
+    ("eff", "inductor/conv_depthwise", 1e-4, 1.0),
+    ("eff", "inductor/matmul", 1e-3, 1.0),
 )
 
 
@@ -239,7 +245,7 @@ def fit(rows: list[dict[str, Any]], hw: Hardware, sweeps: int = 6, split_k: bool
         return float(np.sum(weight * (np.log(np.asarray(predict(rows, h, split_k))) - meas) ** 2))
 
     def start(h: Hardware) -> dict[str, float]:
-        return {f"{w}:{n}": (getattr(h, n) if w == "hw" else h.eff(*n.split("/"))) or (lo * hi) ** 0.5
+        return {f"{w}:{n}": (getattr(h, n) if w == "hw" else _efficiency(h, n)) or (lo * hi) ** 0.5
                 for w, n, lo, hi in FIT}
 
     best: tuple[float, Hardware] | None = None
@@ -284,6 +290,16 @@ def fit(rows: list[dict[str, Any]], hw: Hardware, sweeps: int = 6, split_k: bool
         info[k] = {"value": v, "constrained": bool(moved > 1e-3 * max(base, 1e-9))}
     info["tile2d_pieces"] = {"value": h.tile2d_pieces, "constrained": True}
     return h, info
+
+
+def _efficiency(h: Hardware, key: str) -> float:
+    """The efficiency the analytical model uses for ``key`` ("impl/kind"), an uncalibrated Inductor kind
+    included (``AnalyticalOracle.inductor_eff``: the better of the library's and the template's)."""
+    from cost_models import AnalyticalOracle
+    impl, kind = key.split("/")
+    if impl == "inductor":
+        return AnalyticalOracle(h).inductor_eff(kind)
+    return h.eff(impl, kind)
 
 
 def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
