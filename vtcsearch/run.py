@@ -274,8 +274,13 @@ def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> d
         res = f"the process exited with code {p.exitcode}"
     finally:
         p.join(timeout=5)
-        if p.is_alive():      # stopped mid-way (a deadline): its forked workers end with it
-            p.terminate()
+        if p.is_alive():      # stopped mid-way (a deadline): the process and its forked workers, all of them
+            import os
+            import signal
+            try:
+                os.killpg(p.pid, signal.SIGKILL)   # its own process group (_prepare_case)
+            except OSError:
+                p.kill()
             p.join(timeout=5)
     if isinstance(res, str):
         ctx.notes.append(f"precompiling in a spawned process failed ({res}); kernels were compiled while timing")
@@ -286,7 +291,13 @@ def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> d
 
 def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], batch: int, send) -> None:
     """The spawned process of :func:`_prepare_elsewhere`: the case captured on the meta device, its profiling
-    oracles prepared with forked workers; sends the counts (or the error, as one line)."""
+    oracles prepared with forked workers; sends the counts (or the error, as one line).  It leads a process
+    group of its own, so that a runner stopped mid-way can end it with its workers."""
+    import os
+    try:
+        os.setsid()
+    except OSError:
+        pass
     try:
         import torch
 
