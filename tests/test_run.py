@@ -1016,3 +1016,33 @@ def test_a_gpu_run_precompiles_in_a_spawned_process(tmp_path, monkeypatch):
     bad = run.prepare_oracles(ctx, vtog, ({**params, "part": "no such part"}, 1))["profiling"]
     assert "process" not in bad and bad["candidates"] == here["candidates"]
     assert "precompiling in a spawned process failed" in ctx.notes[-1] and "part" in ctx.notes[-1]
+
+
+@pytest.mark.gpu
+def test_a_gpu_run_precompiles_real_kernels_in_the_spawned_process(tmp_path):
+    """On the GPU, with CUDA initialized here: the case's candidate kernels compile in the spawned process's
+    forked workers, and the timing that follows finds them compiled (no oracle errors)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    import dataclasses as dc
+
+    import vtcsearch.run as run
+    from experiments.workloads import build_workload
+    from vtcsearch.config import load_config
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.strategy import Strategy
+    from vtcsearch.core.vtog import build_vtog
+
+    torch.zeros(1, device="cuda")   # as the runner: the workload is on the GPU before the search
+    cfg = dc.replace(load_config(TINY), oracle="profiling", solvers=["none", "ilp"])
+    ctx = run.RunContext(cfg, "cuda", tmp_path, False, run.Log(quiet=True))
+    ctx.oracle = run.make_oracle(ctx)
+    params = dict(cfg.workload.cases[0])
+    w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=1, device="cuda",
+                       **{**cfg.workload.params, **params})
+    vtog = build_vtog(capture(w.model, w.example_inputs))
+    rep = run.prepare_oracles(ctx, vtog, (params, 1))["profiling"]
+    assert rep["process"] == "spawned" and rep["workers"] > 1, rep
+    assert rep["compiled"] == rep["to_measure"] > 0 and rep["failed"] == 0, rep
+    ev = ctx.oracle.evaluate(Strategy(vtog, []))
+    assert math.isfinite(ev.objective) and ctx.oracle.stats.errors == 0
