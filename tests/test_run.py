@@ -989,25 +989,31 @@ def test_profiled_kernels_are_kept_and_the_costliest_reported(monkeypatch):
     assert profile_section({"profile": []}) == []
 
 
+def _profiling_case(tmp_path, device: str):
+    """The tiny config searched with the profiling oracle on ``device``: (run context, case params, VTOG)."""
+    import dataclasses as dc
+
+    import vtcsearch.run as run
+    from experiments.workloads import build_workload
+    from vtcsearch.config import load_config
+    from vtcsearch.core.vtog import build_vtog
+
+    cfg = dc.replace(load_config(TINY), oracle="profiling", solvers=["none", "ilp"])
+    ctx = run.RunContext(cfg, device, tmp_path, False, run.Log(quiet=True))
+    ctx.oracle = run.make_oracle(ctx)
+    params = dict(cfg.workload.cases[0])
+    w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=1, device="meta" if device == "cpu"
+                       else device, **{**cfg.workload.params, **params})
+    return ctx, params, build_vtog(run.capture_graph(cfg, w))
+
+
 def test_a_gpu_run_precompiles_in_a_spawned_process(tmp_path, monkeypatch):
     """Once CUDA is initialized the profiling oracle's compile workers cannot fork; the runner then prepares
     the case in a spawned process that captures it on the meta device, and counts the same candidates as
     this process would.  A spawned process that fails leaves a note and the in-process fallback."""
-    import dataclasses as dc
-
     import vtcsearch.run as run
-    from vtcsearch.config import load_config
-    from vtcsearch.core.capture import capture
-    from vtcsearch.core.vtog import build_vtog
-    from experiments.workloads import build_workload
 
-    cfg = dc.replace(load_config(TINY), oracle="profiling", solvers=["none", "ilp"])
-    ctx = run.RunContext(cfg, "cpu", tmp_path, False, run.Log(quiet=True))
-    ctx.oracle = run.make_oracle(ctx)
-    params = dict(cfg.workload.cases[0])
-    w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=1, device="meta",
-                       **{**cfg.workload.params, **params})
-    vtog = build_vtog(capture(w.model, w.example_inputs))
+    ctx, params, vtog = _profiling_case(tmp_path, "cpu")
     here = run.prepare_oracles(ctx, vtog)["profiling"]
     monkeypatch.setattr(run, "_cuda_initialized", lambda: True)     # as on the GPU path (not in the child)
     there = run.prepare_oracles(ctx, vtog, (params, 1))["profiling"]
@@ -1024,23 +1030,11 @@ def test_a_gpu_run_precompiles_real_kernels_in_the_spawned_process(tmp_path):
     forked workers, and the timing that follows finds them compiled (no oracle errors)."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    import dataclasses as dc
-
     import vtcsearch.run as run
-    from experiments.workloads import build_workload
-    from vtcsearch.config import load_config
-    from vtcsearch.core.capture import capture
     from vtcsearch.core.strategy import Strategy
-    from vtcsearch.core.vtog import build_vtog
 
     torch.zeros(1, device="cuda")   # as the runner: the workload is on the GPU before the search
-    cfg = dc.replace(load_config(TINY), oracle="profiling", solvers=["none", "ilp"])
-    ctx = run.RunContext(cfg, "cuda", tmp_path, False, run.Log(quiet=True))
-    ctx.oracle = run.make_oracle(ctx)
-    params = dict(cfg.workload.cases[0])
-    w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=1, device="cuda",
-                       **{**cfg.workload.params, **params})
-    vtog = build_vtog(capture(w.model, w.example_inputs))
+    ctx, params, vtog = _profiling_case(tmp_path, "cuda")
     rep = run.prepare_oracles(ctx, vtog, (params, 1))["profiling"]
     assert rep["process"] == "spawned" and rep["workers"] > 1, rep
     assert rep["compiled"] == rep["to_measure"] > 0 and rep["failed"] == 0, rep

@@ -106,8 +106,6 @@ def collect(summaries: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list
                              f"the latter is used")
             rows = [r for r in s["rows"] if (r["case"], r["batch"]) == (case["case"], case["batch"])]
             recs[key] = _record(s, name, wl, case, rows)
-            recs[key]["profile"] = [r for r in s.get("profile") or []
-                                    if (r["case"], r["batch"]) == (case["case"], case["batch"])]
     return list(recs.values()), notes
 
 
@@ -127,7 +125,8 @@ def _record(s: dict[str, Any], name: str, wl: str | None, case: dict[str, Any],
             "model": model_label(name, case["case"], wl), "measured": measured, "error": case.get("error"),
             "case_record": case, "rows": rows, "best_base": best_base, "vtc": vtc, "mix": mix[0] if mix else None,
             "compile": by_variant.get(COMPILE) if by_variant.get(COMPILE) and _ok(by_variant[COMPILE]) else None,
-            "model_bytes": case.get("model_bytes"), "provenance": _provenance(s, vtc or best_base)}
+            "model_bytes": case.get("model_bytes"), "provenance": _provenance(s, vtc or best_base),
+            "profile": [p for p in s.get("profile") or [] if (p["case"], p["batch"]) == (case["case"], case["batch"])]}
 
 
 def _provenance(s: dict[str, Any], row: dict[str, Any] | None) -> dict[str, Any]:

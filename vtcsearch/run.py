@@ -302,19 +302,13 @@ def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], ba
         import torch
 
         from experiments.workloads import build_workload
-        from vtcsearch.core.capture import capture
-        from vtcsearch.core.fusion import fuse_graph
         from vtcsearch.core.vtog import build_vtog
         ctx = RunContext(cfg, device, Path(out), False, Log(quiet=True))
         ctx.oracle = make_oracle(ctx)
         torch.manual_seed(cfg.seed)
         w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=batch, device="meta",
                            dtype=torch_dtype(cfg.dtype), **{**cfg.workload.params, **params})
-        with quiet_warnings():
-            graph = capture(w.model, w.example_inputs, hfuse=cfg.hfuse)
-        if cfg.prologues:
-            fuse_graph(graph, prologues=True)
-        send.send(prepare_oracles(ctx, build_vtog(graph)) or {})
+        send.send(prepare_oracles(ctx, build_vtog(capture_graph(cfg, w))) or {})
     except BaseException as e:   # one line back to the runner, which compiles while timing instead
         send.send(first_line(e))
     finally:
@@ -345,6 +339,18 @@ def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
     return out
 
 
+def capture_graph(cfg: Config, w) -> Any:
+    """The config's capture of workload ``w``: torch.export on fake tensors, then fusion (``hfuse``,
+    ``prologues``), as the search, the numerics copy and the spawned precompile all see it."""
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.fusion import fuse_graph
+    with quiet_warnings():
+        graph = capture(w.model, w.example_inputs, hfuse=cfg.hfuse)
+    if cfg.prologues:
+        fuse_graph(graph, prologues=True)
+    return graph
+
+
 def host_copy(t):
     """A copy of tensor ``t`` in host memory (a reference kept for later comparison)."""
     return t.detach().to("cpu", copy=True)
@@ -357,22 +363,17 @@ class NumericsCopy:
                  workload=None, graph=None, vtog=None):
         import torch
         from experiments.workloads import build_workload
-        from vtcsearch.core.capture import capture
-        from vtcsearch.core.fusion import fuse_graph
         from vtcsearch.core.vtog import build_vtog
+        from .api import _device_of
         self.ctx, self.size, self.batch, self.dtype = ctx, size, batch, dtype
         if workload is None:
             torch.manual_seed(ctx.cfg.seed)
             workload = build_workload(ctx.cfg.workload.name, size=size, batch=batch, device=device, dtype=dtype,
                                       **params)
-            with quiet_warnings():
-                graph = capture(workload.model, workload.example_inputs, hfuse=ctx.cfg.hfuse)
-            if ctx.cfg.prologues:
-                fuse_graph(graph, prologues=True)
+            graph = capture_graph(ctx.cfg, workload)
             vtog = build_vtog(graph)
         self.w, self.graph, self.vtog = workload, graph, vtog
-        self.device = next(iter((*workload.model.parameters(), *workload.model.buffers())),
-                           torch.empty(0)).device
+        self.device = _device_of(workload.model, workload.example_inputs)
         # the references live in host memory: the GPU's is the model's and the variants' (Gemma 2 9B at batch 16
         # holds 22 GB of KV caches, and three copies of them on the device left no room for the variants)
         self.saved = {n: host_copy(b) for n, b in self.w.model.named_buffers()}
@@ -394,7 +395,8 @@ class NumericsCopy:
         import torch
         if self.dtype not in (torch.float16, torch.bfloat16):
             return None, {}
-        need = 3 * sum(t.nbytes for t in (*self.w.model.parameters(), *self.w.model.buffers()))  # copy + fp32
+        from experiments.baselines import model_bytes
+        need = 3 * model_bytes(self.w.model)   # the deep copy and its fp32 version
         if self.device.type == "cuda" and need > torch.cuda.mem_get_info(self.device)[0]:
             self.ctx.log(f"   no fp32 reference: it needs {need / 2**30:.1f} GiB, more than the GPU has free; "
                          "numerics are judged against eager alone")
@@ -507,8 +509,6 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     import torch
     from experiments.baselines import model_bytes
     from experiments.workloads import build_workload
-    from vtcsearch.core.capture import capture
-    from vtcsearch.core.fusion import fuse_graph
     from vtcsearch.core.vtog import build_vtog
 
     cfg, log = ctx.cfg, ctx.log
@@ -527,10 +527,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     t_build = time.perf_counter() - t0
     ctx.stage = "capture"
     t0 = time.perf_counter()
-    with quiet_warnings():
-        graph = capture(w.model, w.example_inputs, hfuse=cfg.hfuse)   # torch.export on fake tensors, then fusion
-    if cfg.prologues:
-        fuse_graph(graph, prologues=True)
+    graph = capture_graph(cfg, w)
     t_capture = time.perf_counter() - t0
     ctx.stage = "VTOG construction"
     t0 = time.perf_counter()
