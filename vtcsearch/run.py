@@ -339,6 +339,18 @@ def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
     return out
 
 
+def unpriced_copies(graph, strategy, rows: list[dict[str, Any]]) -> list[Any]:
+    """The copy kernels realization will launch (:func:`vtcsearch.codegen.realize.planned_copies`) that the
+    oracle's rows do not price: a movement op's copy the model counted as fused or free, or a gather or scatter
+    of a kernel's operand where the kernel's row has no operand copies.  Any means the model is wrong about
+    what this strategy runs."""
+    from vtcsearch.codegen.realize import planned_copies
+    copies = {r["unit"].split("[")[0] for r in rows if r["kind"] == "copy" and not r.get("fused_into")
+              and r["seconds"] > 0}
+    operands = {r["unit"] for r in rows if r["kind"] == "kernel" and (r.get("library_copies") or 0) > 0}
+    return [p for p in planned_copies(graph, strategy) if p.step not in (copies if p.kind == "copy" else operands)]
+
+
 def capture_graph(cfg: Config, w) -> Any:
     """The config's capture of workload ``w``: torch.export on fake tensors, then fusion (``hfuse``,
     ``prologues``), as the search, the numerics copy and the spawned precompile all see it."""
@@ -587,6 +599,10 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                    implementations=implementation_counts(s),
                    residual_copies=len(s.residuals), solver_status=res.status, solve_wall_s=res.wall_s,
                    oracle_calls=res.oracle_calls, unit_queries=res.unit_queries, measurements=res.measurements)
+        unpriced = unpriced_copies(vtog.graph, s, ev.rows)
+        if unpriced:
+            log(f"   {name}: realization launches {len(unpriced)} copies the model did not price "
+                f"({sum(p.bytes for p in unpriced) / 2**20:.1f} MiB), e.g. {unpriced[0]}")
         for r in ev.rows:
             krow = {"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
                     "source": ctx.oracle_for(name).name, "us": r["seconds"] * 1e6, **r}

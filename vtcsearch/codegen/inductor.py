@@ -40,6 +40,7 @@ from .lowering import Context, Launch, strided_view, substitute
 from .memory import storages_of
 
 if TYPE_CHECKING:
+    from ..core.mapping import IndexMap
     from ..core.strategy import Strategy
 
 __all__ = ["MODE", "clear_compiled_regions", "compiled_region", "is_region_step", "lower_inductor", "region_graph",
@@ -74,6 +75,9 @@ def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], out
         if node is None:   # a writeback (added by capture, no ATen op): the buffer's new value is its input's
             env[op.outputs[0]] = env[op.inputs[0]]
             continue
+        if node.target is aten.copy.default and op.inputs[0] not in env:
+            env[node.name] = _copy_value(fx, env[op.inputs[1]], node)
+            continue
         new = fx.call_function(node.target, substitute(node.args, env, device), substitute(dict(node.kwargs), env, device))
         if list(op.outputs) == [node.name]:
             env[node.name] = new
@@ -88,6 +92,20 @@ def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], out
         fx.call_function(aten.copy_.default, (d, env[t]))
     fx.output(None)
     return torch.fx.GraphModule(torch.nn.Module(), fx)
+
+
+def _copy_value(fx: torch.fx.Graph, src: torch.fx.Node, node: torch.fx.Node) -> torch.fx.Node:
+    """``aten.copy(dst, src)`` without ``dst``: its value is ``src`` cast to ``dst``'s dtype and broadcast to its
+    shape (only ``dst``'s metadata is used, taken from the captured node)."""
+    val = node.meta["val"]
+    out = fx.call_function(aten._to_copy.default, (src,), {"dtype": val.dtype})
+    return fx.call_function(aten.expand.default, (out, list(val.shape)))
+
+
+def copy_destination(graph: TensorGraph, name: str) -> str | None:
+    """The destination of a captured ``aten.copy``: an input whose values the op does not read."""
+    op = graph.ops[name]
+    return op.inputs[0] if op.node is not None and op.node.target is aten.copy.default else None
 
 
 def _values(node: torch.fx.Node) -> list[bool]:
@@ -139,6 +157,8 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
     g = ctx.graph
     ops = region_ops(g, steps)
     ins, outs = kernel_io(g, ops)
+    ins = [t for t in ins if not all(c in steps and copy_destination(g, c) == t
+                                     for c in g.tensors[t].consumers if c in ops)]
     produced = {t for o in ops for t in g.ops[o].outputs}
     # a buffer's new value whose writeback runs inside the region: the writeback's output is written instead
     outs = [t for t in outs if not (t in g.mutations and not g.tensors[t].is_output and
@@ -146,14 +166,32 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
     eliminated = {t for st in steps if st not in g.groups for t in g.ops[st].outputs   # (a copy's is its own)
                   if ctx.resolve(t).targets() != {t}}
     kept: list[str] = []
+    through: list[str] = []   # eliminated results written through their own scattering maps, if still needed
     for t in outs:
         # the tensor owning a storage holds all of it: writing its value writes what ``t`` maps to; a storage
         # nothing in the region owns (a later tensor's, a cache buffer) is written through ``t``'s own map
         for u in (sorted(_touched(ctx, t)) if t in eliminated else [t]):
             w = u if u == t or u in produced else t
-            if w not in kept:
+            if w == t and t in eliminated and not _writes_in_place(ctx.resolve(t)):
+                through.append(t)
+            elif w not in kept:
                 kept.append(w)
+    for t in dict.fromkeys(through):
+        if not all(u in produced or _written_whole(ctx, kept, u) for u in _touched(ctx, t)):
+            kept.append(t)
     return ins, kept
+
+
+def _written_whole(ctx: Context, kept: Sequence[str], u: str) -> bool:
+    """One of ``kept`` is all of storage ``u``, laid out as itself: writing it writes every element a view of
+    ``u`` reads, so the view needs no write of its own.  (A KV cache's new value is such a tensor; the cache
+    broadcast over GQA heads is such a view: written through its map, it would rewrite the cache once per
+    head, through a dense buffer.)"""
+    for k in kept:
+        m = ctx.resolve(k)
+        if m.targets() == {u} and m.numel == math.prod(m.target_shapes[u]) and m.is_identity_layout():
+            return True
+    return False
 
 
 def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Launch:
@@ -231,9 +269,14 @@ def _in_place(strategy: "Strategy", t: str) -> bool:
     """Inductor writes ``t`` straight into memory: it lives in its own storage, laid out as itself, or its map
     is a strided view of one storage (a reshape, a transpose, a slice of a concatenation)."""
     m = strategy.resolve(t)
-    if math.prod(m.shape) == 0:   # nothing to write (an eval batch norm's empty saved statistics)
-        return True
     if m.targets() == {t} and m.is_identity_layout():
+        return True
+    return _writes_in_place(m)
+
+
+def _writes_in_place(m: "IndexMap") -> bool:
+    """Inductor writes a tensor of map ``m`` straight into its storages: ``m`` is a strided view of one."""
+    if math.prod(m.shape) == 0:   # nothing to write (an eval batch norm's empty saved statistics)
         return True
     strides = {s: contiguous_strides(m.target_shapes[s]) for s in m.targets()}
     return not m.tables() and not im.needs_copy(im.INDUCTOR, m, strides)
@@ -251,11 +294,13 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     later step must not read them through a map.  A movement op joins when it copies (the strategy keeps its
     output physical), under the same rule for what it reads: Inductor then makes the copy, usually fused away
     (a KV cache broadcast over GQA heads becomes an indexed read, not a copy of the cache).  An eliminated
-    movement op emits nothing; it joins as a value op when it reads only the region's values (a later group
-    then reads its result from the region, not through the storage), and the region writes whatever storage its
-    result maps into where a later step reads it (:func:`region_io`).  A movement op over ``constants`` only (a
-    weight's transpose) runs once, folded at build, and does not cut a region; a view of constants whose one
-    reader is an inductor group joins that group's region instead (:func:`_view_for_inductor`).
+    movement op emits nothing; it joins as a value op when it reads only the region's values (the destination
+    of an ``aten.copy``, such as a view of a KV cache, is not read: the copy's value is its source's).  A later
+    group then reads its result from the region, not through the storage, and the region writes whatever
+    storage its result maps into where a later step reads it (:func:`region_io`).  A movement op over
+    ``constants`` only (a weight's transpose) runs once, folded at build, and does not cut a region; a view of
+    constants whose one reader is an inductor group joins that group's region instead
+    (:func:`_view_for_inductor`).
 
     A copying movement op may also open a region (a later group then fuses it; a region that no group joins
     goes back to copy kernels), and a copying *writeback* (a mutated buffer's new value, stored back) joins
@@ -276,7 +321,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             # value op (a view in the FX graph), so a later group reads its result from the region instead of
             # through a storage the region writes: Linear's reshapes no longer cut a GEMM from its epilogue
             if region is not None and graph.ops[name].node is not None and \
-                    all(t in values for t in graph.ops[name].inputs):
+                    all(t in values for t in graph.ops[name].inputs if t != copy_destination(graph, name)):
                 region.append(name)
                 values |= set(graph.ops[name].outputs)
             continue

@@ -29,14 +29,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ..core import implementation as im
+from ..core.fusion import ATTENTION
 from ..core.graph import TensorGraph
+from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
-from .inductor import is_region_step, lower_inductor, regions
+from .inductor import is_region_step, lower_inductor, region_io, region_ops, regions
 from .library import lower_as
 from .lowering import Context, Launch
 from . import memory
@@ -44,7 +48,7 @@ from .memory import Arena
 from .timing import side_stream
 from ..core.strategy import Strategy
 
-__all__ = ["Executable", "Step", "realize", "state_from_module"]
+__all__ = ["Executable", "PlannedCopy", "Step", "planned_copies", "realize", "state_from_module"]
 
 
 @dataclass
@@ -310,6 +314,56 @@ class Executable:
     def table(self) -> list[dict[str, Any]]:
         return [{"step": st.name, "kind": st.kind, "lowering": st.lowering, "kernels": st.kernels,
                  "note": st.launch.note} for st in self.steps]
+
+
+@dataclass
+class PlannedCopy:
+    step: str       # the movement op, or the kernel group whose operand is gathered or scattered
+    kind: str       # "copy" (a movement op's residual copy), "gather" or "scatter" (a library or Inductor operand)
+    tensor: str
+    bytes: int      # bytes written
+
+
+def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
+    """Every copy kernel that realizing ``strategy`` launches per call, decided as realization decides it but
+    without allocating or compiling anything (so a whole model on the meta device can be checked): the residual
+    copies of the movement ops that run (not folded), and the dense operands that library kernels and Inductor
+    regions gather and scatter.  What a cost model priced as fused or free should not appear here."""
+    def strides(u: str) -> tuple[int, ...]:   # the module's state as it is laid out; the executable's contiguous
+        info = graph.tensors[u]
+        return tuple(info.strides) if info.is_graph_input else contiguous_strides(info.shape)
+
+    def copied(kind: str, t: str) -> bool:
+        m = strategy.resolve(t)
+        return im.needs_copy(kind, m, {u: strides(u) for u in m.targets()})
+
+    const = constant_tensors(graph)
+    ctx = SimpleNamespace(graph=graph, resolve=strategy.resolve)
+    out: list[PlannedCopy] = []
+    for run in regions(graph, strategy, graph.steps, const):
+        name = run[0]
+        if any(is_region_step(graph, strategy, st) for st in run):
+            ins, outs = region_io(ctx, run)   # type: ignore[arg-type]
+            ops = set(region_ops(graph, run))
+
+            def step_of(op: str) -> str:
+                return graph.ops[op].kernel or op
+            out += [PlannedCopy(step_of(next(c for c in graph.tensors[t].consumers if c in ops)), "gather", t,
+                                graph.tensors[t].nbytes) for t in ins if copied(im.INDUCTOR, t)]
+            out += [PlannedCopy(step_of(graph.tensors[t].producer), "scatter", t, graph.tensors[t].nbytes)
+                    for t in outs if copied(im.INDUCTOR, t)]
+        elif name in graph.groups:
+            gr = graph.groups[name]
+            if strategy.implementation(name) == im.LIBRARY:
+                ins, outs = im.library_operands(graph, gr)
+                out += [PlannedCopy(name, "gather", t, graph.tensors[t].nbytes) for t in ins if copied(gr.kind, t)]
+                if gr.kind == ATTENTION or len(gr.ops) == 1:   # an epilogue writes through the maps itself
+                    out += [PlannedCopy(name, "scatter", t, graph.tensors[t].nbytes) for t in outs
+                            if copied(gr.kind, t)]
+        elif not all(t in const for t in graph.ops[name].inputs):
+            out += [PlannedCopy(name, "copy", r.dst_tensor, r.elements * graph.tensors[r.dst_tensor].dtype.itemsize)
+                    for r in strategy.residuals_of(name)]
+    return out
 
 
 def realize(graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor] | torch.nn.Module, *,
