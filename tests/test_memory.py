@@ -97,3 +97,14 @@ def test_a_binding_outside_the_plan_is_refused(layer, monkeypatch):
     monkeypatch.setattr(memory, "plan", short)
     with pytest.raises(RuntimeError, match="memory plan"):
         realize(g, Strategy(v, set()), w.model)
+
+
+def test_a_small_storage_does_not_take_a_large_free_block():
+    """Blocks are not split: a small request in the only free (large) block would make the next large request
+    allocate a second one.  Scratch of 4 MiB at step 0, 8 KiB at step 1, 4 MiB at step 2: one large block, and
+    a small one that step 3 reuses."""
+    arena = memory.Arena(torch.device("cpu"))
+    for step, nbytes in enumerate((4 << 20, 8 << 10, 4 << 20, 8 << 10)):
+        arena.begin(step)
+        arena.take(None, (nbytes // 2,), torch.float16)
+    assert arena.allocated_bytes == (4 << 20) + (8 << 10)

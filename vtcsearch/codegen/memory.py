@@ -13,9 +13,9 @@ contents must survive from the previous call).  Scratch memory a lowering asks f
 library kernel, gathered inputs) lives for its own step only.
 
 :func:`plan` computes the live ranges from the strategy before anything is lowered, and :class:`Arena`
-hands out blocks (best fit, lazily, at first use).  Realization records which storages each step really
-binds and :meth:`Arena.check` refuses an executable in which a step touched a storage outside its planned
-range: a planner bug is an error at build, never a wrong answer.
+hands out blocks (best fit among blocks at most twice the request, lazily, at first use).  Realization
+records which storages each step really binds and :meth:`Arena.check` refuses an executable in which a step
+touched a storage outside its planned range: a planner bug is an error at build, never a wrong answer.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["Arena", "Plan", "plan", "storages_of", "step_access"]
 
 ALIGN = 128   # bytes: blocks start aligned for any dtype and 16-byte vector loads
+SLACK = 1 << 20   # bytes a block may exceed its request by, whatever the ratio (small requests share freely)
 
 
 def storages_of(strategy: "Strategy", t: str) -> set[str]:
@@ -134,7 +135,9 @@ class Arena:
             numel *= int(d)
         nbytes = numel * torch.empty((), dtype=dtype).element_size()
         size = max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
-        fits = [k for k, b in enumerate(self._free) if b.numel() >= size]
+        # best fit, but never a block more than twice the request (and 1 MiB larger): blocks are not split,
+        # so a row of 8 KiB in a free 32 MiB block would make the next 32 MiB request allocate again
+        fits = [k for k, b in enumerate(self._free) if size <= b.numel() <= max(2 * size, size + SLACK)]
         if fits:
             block = self._free.pop(min(fits, key=lambda k: self._free[k].numel()))
         else:
