@@ -35,8 +35,9 @@ MOVEMENT_KERNEL = re.compile(
     r"copy|clone|cat|transpose|permute|index|gather|scatter|expand|repeat|split|slice|pad|nchwToNhwc|nhwcToNchw|"
     r"shuffle|unfold|flip|roll|contiguous|stack|unsqueeze|squeeze|select|reshape|as_strided|narrow|alias|"
     r"elementwise_kernel.*direct_copy|CatArray", re.IGNORECASE)
-COMPUTE_HINT = re.compile(r"gemm|matmul|mm_|_mm|bmm|conv|attention|attn|flash|sdpa|softmax|norm|cutlass|cublas|"
-                          r"sm90|wgmma|xmma|fmha", re.IGNORECASE)
+# (cuBLAS on Hopper names its GEMMs nvjet_*; a split-K one ends in "splitK", its reduction is splitKreduce_kernel)
+COMPUTE_HINT = re.compile(r"gemm|gemv|matmul|mm_|_mm|bmm|conv|attention|attn|flash|sdpa|softmax|norm|cutlass|cublas|"
+                          r"nvjet|splitKreduce|sm90|wgmma|xmma|fmha", re.IGNORECASE)
 
 
 @dataclass

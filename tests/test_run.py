@@ -962,6 +962,9 @@ def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_fas
     ("triton_tem_fused_mm_0", False),
     ("triton_per_fused__softmax_4", False),
     ("sm90_xmma_gemm_bf16bf16_bf16f32", False),
+    ("nvjet_tst_64x8_64x16_4x1_v_bz_splitK_TNT", False),                 # cuBLAS split-K GEMM ("split")
+    ("void splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, __nv_bfloat16, true, false, false>", False),
+    ("void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false, false>", False),
 ])
 def test_movement_kernel_names(name: str, movement: bool) -> None:
     """Figure 12's data-movement time comes from this classification: Inductor fuses copies into compute kernels
