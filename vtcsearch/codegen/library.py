@@ -28,7 +28,7 @@ from ..core.fusion import ATTENTION, ELEMENTWISE, Group
 from .kernels import Operand, copy
 from .lowering import Context, Launch, lower, strided_view, substitute
 
-__all__ = ["lower_as", "lower_library"]
+__all__ = ["has_epilogue", "lower_as", "lower_library"]
 
 
 def lower_as(ctx: Context, group: Group, impl: str) -> Launch:
@@ -90,6 +90,12 @@ def _product(ctx: Context, group: Group, env: dict[str, torch.Tensor], out: torc
     return lambda: out.copy_(node.target(*args, **kwargs))   # pragma: no cover - every library op has out=
 
 
+def has_epilogue(group: Group) -> bool:
+    """The group's ops after the library product run as an elementwise kernel of their own (the product then
+    lives in a dense buffer between the two)."""
+    return group.kind != ATTENTION and len(group.ops) > 1
+
+
 def lower_library(ctx: Context, group: Group) -> Launch:
     """The group as a library call on dense operands (gathers and scatters where its maps need them),
     then its epilogue as an elementwise kernel."""
@@ -105,9 +111,8 @@ def lower_library(ctx: Context, group: Group) -> Launch:
         if gather is not None:
             pre.append(gather)
     (t_out,) = outs
-    has_epilogue = group.kind != ATTENTION and len(group.ops) > 1
     ep_ctx = ctx
-    if has_epilogue:   # the product lives only between the call and the epilogue: a dense buffer of its own
+    if has_epilogue(group):   # the product lives only between the call and the epilogue: a dense buffer of its own
         out = ctx.scratch(g.tensors[t_out].shape, g.tensors[t_out].dtype)
         prod = Operand.dense(out, t_out)
         ep_ctx = Context(g, lambda t: prod if t == t_out else ctx.operand(t), ctx.scratch, ctx.device,
@@ -120,7 +125,7 @@ def lower_library(ctx: Context, group: Group) -> Launch:
     call()
     for s in post:
         s()
-    epilogue = lower(ep_ctx, Group(group.name, ELEMENTWISE, group.ops[1:])) if has_epilogue else None
+    epilogue = lower(ep_ctx, Group(group.name, ELEMENTWISE, group.ops[1:])) if has_epilogue(group) else None
 
     def run() -> None:
         for p in pre:

@@ -35,13 +35,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.fusion import ATTENTION
 from ..core.graph import TensorGraph
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
 from .inductor import is_region_step, lower_inductor, region_io, region_ops, regions
-from .library import lower_as
+from .library import has_epilogue, lower_as
 from .lowering import Context, Launch
 from . import memory
 from .memory import Arena
@@ -337,6 +336,9 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
         m = strategy.resolve(t)
         return im.needs_copy(kind, m, {u: strides(u) for u in m.targets()})
 
+    def step_of(op: str) -> str:   # the kernel group an op belongs to (a movement op is its own step)
+        return graph.ops[op].kernel or op
+
     const = constant_tensors(graph)
     ctx = SimpleNamespace(graph=graph, resolve=strategy.resolve)
     out: list[PlannedCopy] = []
@@ -345,9 +347,6 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
         if any(is_region_step(graph, strategy, st) for st in run):
             ins, outs = region_io(ctx, run)   # type: ignore[arg-type]
             ops = set(region_ops(graph, run))
-
-            def step_of(op: str) -> str:
-                return graph.ops[op].kernel or op
             out += [PlannedCopy(step_of(next(c for c in graph.tensors[t].consumers if c in ops)), "gather", t,
                                 graph.tensors[t].nbytes) for t in ins if copied(im.INDUCTOR, t)]
             out += [PlannedCopy(step_of(graph.tensors[t].producer), "scatter", t, graph.tensors[t].nbytes)
@@ -357,7 +356,7 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
             if strategy.implementation(name) == im.LIBRARY:
                 ins, outs = im.library_operands(graph, gr)
                 out += [PlannedCopy(name, "gather", t, graph.tensors[t].nbytes) for t in ins if copied(gr.kind, t)]
-                if gr.kind == ATTENTION or len(gr.ops) == 1:   # an epilogue writes through the maps itself
+                if not has_epilogue(gr):   # an epilogue writes the group's result through its maps itself
                     out += [PlannedCopy(name, "scatter", t, graph.tensors[t].nbytes) for t in outs
                             if copied(gr.kind, t)]
         elif not all(t in const for t in graph.ops[name].inputs):
