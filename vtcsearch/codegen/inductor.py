@@ -153,7 +153,8 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
     """(inputs, outputs) of a region.  An eliminated movement op inside it writes nothing: where a reader
     outside needs its (virtual) result, the region writes the tensors of the region that own the storages
     that result's map reads (its index tables too), or the result through its map where no tensor of the
-    region owns them."""
+    region owns them, unless that map scatters and another output already rewrites the whole storage
+    (:func:`_written_whole`).  The destination of an ``aten.copy`` is not an input (:func:`copy_destination`)."""
     g = ctx.graph
     ops = region_ops(g, steps)
     ins, outs = kernel_io(g, ops)
