@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
-from vtcsearch.core.graph import TensorGraph, kernel_io
+from vtcsearch.core.graph import TensorGraph, constant_tensors, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
 
@@ -319,15 +319,40 @@ def affine_run(coefs: Sequence[int], region, shape: Sequence[int]) -> int:
     return run
 
 
-def _atom_ops(e: Expr) -> float:
-    """Integer ops an index expression costs beyond plain strided addressing."""
+def _atom_ops(e: Expr, per_element: Mapping[str, float] | None = None) -> float:
+    """Integer ops per element an index expression costs beyond plain strided addressing.
+
+    ``per_element``: how often per element a term over each variable is computed.  Kernels tile the last two
+    dims (pointwise and copy tiles, GEMM and attention tiles), so a term over the last dim is computed per
+    element, one over the second-to-last once per tile row, and one over outer dims once per program: a GQA
+    map's ``head // 4`` costs nothing per element.  A term counts at the most frequent of its variables
+    (every term at 1 when ``per_element`` is None)."""
     ops = 0.0
     for a, _ in e.terms:
-        if isinstance(a, (FloorDiv, Mod)):
-            ops += 8 + _atom_ops(a.arg)          # a division by a constant is a mul-hi plus fix-ups
-        elif isinstance(a, Lookup):
-            ops += 4 + sum(_atom_ops(i) for i in a.index)
+        if isinstance(a, (FloorDiv, Mod, Lookup)):
+            w = 1.0 if per_element is None else max((per_element.get(v, 0.0) for v in _atom_vars(a)), default=0.0)
+            if isinstance(a, Lookup):
+                ops += w * 4 + sum(_atom_ops(i, per_element) for i in a.index)
+            else:
+                ops += w * 8 + _atom_ops(a.arg, per_element)   # a division by a constant: a mul-hi plus fix-ups
     return ops
+
+
+def _atom_vars(a) -> frozenset[str]:
+    return Expr({a: 1}).free_var_set()
+
+
+def tile_frequency(region: Sequence[tuple[int, int]]) -> dict[str, float]:
+    """Variable -> how often per element a term over it is computed in a kernel tiling the last two dims of
+    ``region`` (:func:`_atom_ops`)."""
+    n = len(region)
+    last = region[-1][1] - region[-1][0] if n else 1
+    out = {f"i{k}": 0.0 for k in range(n)}
+    if n:
+        out[f"i{n - 1}"] = 1.0
+    if n >= 2:
+        out[f"i{n - 2}"] = 1.0 / max(1, last)
+    return out
 
 
 def _unlook(e: Expr) -> Expr:
@@ -541,7 +566,9 @@ class TrafficModel:
             return hit[0], hit[1], run, hit[3]
         n = region_size(p.region)
         off = p.offset(st)
-        ops = _atom_ops(off) + 2.0 * len(p.conds)
+        freq = tile_frequency(p.region)
+        ops = _atom_ops(off, freq) + sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0)
+                                         for c, _, _ in p.conds)
         flat = _unlook(off)
         if not p.conds and flat.is_affine():
             # affine: each variable with a non-zero stride multiplies the distinct count
@@ -889,7 +916,10 @@ class Accounting:
             ins, outs = self.kernel_io[k]
             ts = tuple(dict.fromkeys(list(ins) + list(outs)))
             units.append(Unit(len(units), "kernel", k, ts, kernel=k))
+        const = constant_tensors(g)
         for op in g.movement_ops():
+            if all(t in const for t in op.inputs):
+                continue    # folded at build (or read as a view by an Inductor region): no copy per call
             mv = op.movement
             if mv.updates:
                 # a scatter's base copy and its updates interact: one unit over all its tensors

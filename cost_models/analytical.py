@@ -144,6 +144,7 @@ class AnalyticalOracle(CostOracle):
         self.traffic = TrafficModel(hw.sector_bytes, hw.coalesce_bytes, hw.short_run_penalty,
                                     tile2d_pieces=hw.tile2d_pieces)
         self._geo: dict[tuple[int, str], tuple[Any, Geometry]] = {}
+        self._groups: dict[tuple, int] = {}     # map signature -> query heads reading each element together
 
     def geometry(self, spec: UnitSpec) -> Geometry:
         """The kernel's :class:`Geometry` (memoized per graph and kernel)."""
@@ -190,9 +191,13 @@ class AnalyticalOracle(CostOracle):
             return self._inductor(spec)
         strides = {s: v[1] for s, v in spec.storages.items()}
         read, write = Traffic(), Traffic()
+        attention = spec.kind == "kernel" and _kind(spec) == "attention"
         for o in spec.operands:
             if o.role == "r":
-                read += self.traffic.access(o.map, o.itemsize, strides)
+                tr = self.traffic.access(o.map, o.itemsize, strides)
+                if attention:
+                    tr = self._grouped_heads(tr, o.map, o.itemsize, strides)
+                read += tr
             else:
                 write += self.traffic.access(o.map, o.itemsize, strides, write=True)
         hw = self.hw
@@ -229,6 +234,19 @@ class AnalyticalOracle(CostOracle):
                                   "min_run_bytes": min([x for x in (read.min_run_bytes, write.min_run_bytes) if x],
                                                        default=0)}
         return UnitCost(seconds, bytes=read.bytes + write.bytes, flops=spec.flops, detail=detail)
+
+    def _grouped_heads(self, tr: Traffic, m: Any, itemsize: int, strides: dict[str, Any]) -> Traffic:
+        """An attention operand that ``g`` query heads read element for element (a KV cache through its GQA
+        broadcast) is loaded once per group of ``g`` heads: the template stacks their rows into one tile
+        (:mod:`vtcsearch.codegen.kernels.attention`), so the ``g - 1`` repeats are no L2 traffic."""
+        key = self.traffic.signature(m, itemsize, strides)
+        g = self._groups.get(key)
+        if g is None:
+            from vtcsearch.codegen.kernels.attention import head_group
+            g = self._groups[key] = head_group(m, lambda t: strides[t])
+        if g > 1:
+            tr.l2_bytes = max(0.0, tr.l2_bytes - (tr.elements - tr.elements / g) * itemsize)
+        return tr
 
     def _split_k(self, geo: Geometry, dram: float, l2: float, flops: float, peak: float, t_extra: float,
                  pro_l2: float = 0.0, pro_steps: int = 0) -> list[tuple[dict, float]]:

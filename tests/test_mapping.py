@@ -86,6 +86,43 @@ def test_compose_collapses_a_chain_and_simplify_merges_dims():
     assert v2.is_identity_layout()
 
 
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_simplify_keeps_the_value_of_div_and_mod(data):
+    """simplify rewrites ``x // d`` and ``x % d`` by the index ranges; every value stays the same.  The
+    cases include a flattened index over a multiple of its outer stride, ``(c*q + r) // (c*k)``."""
+    import numpy as np
+    from vtcsearch.core.expr import evaluate
+    n = data.draw(st.integers(1, 3))
+    ext = [data.draw(st.integers(1, 9)) for _ in range(n)]
+    names = [f"i{k}" for k in range(n)]
+    stride = 1
+    flat = Expr()
+    for nm, e in zip(reversed(names), reversed(ext)):          # row-major, with an optional gap per dim
+        flat = flat + var(nm) * stride
+        stride *= e + data.draw(st.integers(0, 2))
+    flat = flat + data.draw(st.integers(0, 3))
+    d = data.draw(st.sampled_from([stride, 2 * stride, 3 * stride, stride // max(1, ext[0]), 5, 7, 12]))
+    d = max(1, d)
+    ranges = {nm: (0, e - 1) for nm, e in zip(names, ext)}
+    grid = np.meshgrid(*[np.arange(e) for e in ext], indexing="ij")
+    env = dict(zip(names, grid))
+    for e in (flat // d, flat % d, (flat // d) * d + flat % d):
+        got = evaluate(simplify(e, ranges), env)
+        assert np.array_equal(np.broadcast_to(got, grid[0].shape), np.broadcast_to(evaluate(e, env), grid[0].shape)), \
+            (e, simplify(e, ranges))
+
+
+def test_simplify_divides_a_flattened_index_by_its_outer_variable():
+    """``(524416*i0 + 4097*i1 + i2) // 16781312`` (a GQA view of a flattened KV cache, 16781312 = 32 * 524416) is
+    ``i0 // 32``: the attention template computes it once per program, not per element."""
+    i0, i1, i2 = var("i0"), var("i1"), var("i2")
+    ranges = {"i0": (0, 511), "i1": (0, 127), "i2": (0, 4096)}
+    flat = i0 * 524416 + i1 * 4097 + i2
+    assert simplify(flat // 16781312, ranges) == i0 // 32
+    assert simplify(flat % 16781312, ranges) == (i0 % 32) * 524416 + i1 * 4097 + i2
+
+
 def test_restrict_and_retarget():
     m = _concat_map().restrict(((0, 4), (2, 5)))
     assert [p.region for p in m.pieces] == [((0, 4), (2, 3)), ((0, 4), (3, 5))]

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.graph import TensorGraph
+from ..core.graph import TensorGraph, constant_tensors
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
@@ -88,16 +88,6 @@ def state_from_module(graph: TensorGraph, module: torch.nn.Module) -> dict[str, 
                 raise KeyError(f"the module has no tensor {spec.target!r} for graph input {spec.arg.name}")
             state[spec.arg.name] = obj
     return state
-
-
-def constant_tensors(graph: TensorGraph) -> set[str]:
-    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and
-    movement ops of those (a weight's transpose)."""
-    const = {t for t, i in graph.tensors.items() if i.read_only and i.kind != "input"}
-    for op in graph.ops.values():
-        if op.kind == "movement" and op.kernel is None and op.inputs and all(t in const for t in op.inputs):
-            const.update(op.outputs)
-    return const
 
 
 class Executable:

@@ -13,6 +13,7 @@ of the index variables, so they live in :func:`simplify`, not in the operators.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
@@ -414,15 +415,38 @@ def _simplify_atom(a: Atom, ranges: Ranges) -> Expr:
             rlo, rhi = bounds(r, ranges)
             if 0 <= rlo and rhi < a.div:
                 return Expr(q_terms, arg.const // a.div)
+            hit = _split_divisor(arg, a.div, ranges)
+            if hit is not None:          # (c*q + r) // (c*k) == q // k
+                q, _, k = hit
+                return simplify(q // k, ranges)
             return arg // a.div
         if 0 <= lo and hi < a.div:
             return arg
         if lo // a.div == hi // a.div:
             return arg - (lo // a.div) * a.div
+        hit = _split_divisor(arg, a.div, ranges)
+        if hit is not None:              # (c*q + r) % (c*k) == c*(q % k) + r
+            q, r, k = hit
+            return simplify(q % k, ranges) * (a.div // k) + r
         return arg % a.div
     if isinstance(a, Lookup):
         return Expr({Lookup(a.table, tuple(simplify(i, ranges) for i in a.index), a.lo, a.hi): 1})
     return Expr({a: 1})
+
+
+def _split_divisor(arg: Expr, d: int, ranges: Ranges) -> tuple[Expr, Expr, int] | None:
+    """``(q, r, k)`` with ``arg == c*q + r``, ``0 <= r < c`` and ``d == c*k`` for a divisor ``1 < c < d`` of ``d``
+    (the largest that works), or None: then ``arg // d == q // k`` and ``arg % d == c*(q % k) + r``.  A
+    flattened index divided by a multiple of its outer stride (``(524416*i0 + 4097*i1 + i2) // 16781312``)
+    becomes a division of the outer variable alone (``i0 // 32``)."""
+    cands = sorted({math.gcd(abs(c), d) for _, c in arg.terms} - {1, d}, reverse=True)
+    for c in cands:
+        q = Expr({x: v // c for x, v in arg.terms if v % c == 0}, arg.const // c)
+        r = Expr({x: v for x, v in arg.terms if v % c != 0}, arg.const % c)
+        rlo, rhi = bounds(r, ranges)
+        if 0 <= rlo and rhi < c:
+            return q, r, d // c
+    return None
 
 
 def _merge_divmod(e: Expr) -> Expr:

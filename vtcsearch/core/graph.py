@@ -179,6 +179,17 @@ class TensorGraph:
                 f"{s['movement_ops']} movement ops)")
 
 
+def constant_tensors(graph: TensorGraph) -> set[str]:
+    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and
+    movement ops of those (a weight's transpose).  Realization folds such a movement op once at build, or
+    an Inductor region reads it as a view; either way it costs nothing per call, and the cost model says so."""
+    const = {t for t, i in graph.tensors.items() if i.read_only and i.kind != "input"}
+    for op in graph.ops.values():
+        if op.kind == "movement" and op.kernel is None and op.inputs and all(t in const for t in op.inputs):
+            const.update(op.outputs)
+    return const
+
+
 def kernel_io(g: TensorGraph, names: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(inputs, outputs) of the ops ``names`` run as one kernel: tensors read from outside them, and
     tensors read outside them, returned by the program or written back into a buffer."""
