@@ -38,7 +38,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate
+from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, simplify
 from vtcsearch.core.graph import TensorGraph, constant_tensors, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
@@ -567,7 +567,8 @@ class TrafficModel:
         n = region_size(p.region)
         off = p.offset(st)
         freq = tile_frequency(p.region)
-        ops = _atom_ops(off, freq) + sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0)
+        ranges = {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(p.region)}
+        ops = _atom_ops(simplify(off, ranges, divisors=True), freq) + sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0)
                                          for c, _, _ in p.conds)
         flat = _unlook(off)
         if not p.conds and flat.is_affine():

@@ -10,9 +10,10 @@ oracle of the folder's own settings (hardware preset, implementations, split-K) 
 prediction is set against the latency the H200 measured (CUDA-graph replays in the runner) and against the
 prediction the run itself recorded (by the oracle that searched it, at that run's commit).
 
-The target (issue 13): the analytical model within 25% of measured.  A strategy whose edges do not exist at HEAD
-any more (the VTOG changed since the run) is reported as drifted, not predicted; a workload this machine cannot
-build (torchvision or timm not installed) is reported as skipped.  Nothing is timed here: every measured number
+The target (issue 13): the analytical model within 25% of measured.  The strategy's edges are matched to
+today's VTOG by signature (:func:`edge_signature`); one with more than :data:`MAX_DROPPED` of its edges gone
+(the VTOG changed since the run, or the GPU machine's transformers captured another graph) is reported as
+drifted, not predicted; a workload this machine cannot build (torchvision or timm not installed) as skipped.  Nothing is timed here: every measured number
 is the committed one, and the folder says which run measured it.
 """
 from __future__ import annotations

@@ -365,20 +365,24 @@ def atom_bounds(a: Atom, ranges: Ranges) -> tuple[int, int]:
     raise TypeError(a)
 
 
-def simplify(e: Expr, ranges: Ranges) -> Expr:
+def simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> Expr:
     """Rewrite div/mod atoms using the ranges of the index variables.
 
     Rules: ``i -> lo`` when ``i`` takes one value; ``x // d -> 0`` and ``x % d -> x`` when ``0 <= x < d``;
     ``x // d -> q`` when ``x = d*q + r`` with ``0 <= r < d``;
     ``c*(x % a) + c*a*((x // a) % b) -> c*(x % (a*b))`` and
     ``c*(x % a) + c*a*(x // a) -> c*x`` (re-merging dimensions a reshape split).
+
+    ``divisors``: also ``(c*q + r) // (c*k) -> q // k`` and ``(c*q + r) % (c*k) -> c*(q % k) + r`` for
+    ``0 <= r < c`` (:func:`_split_divisor`), for the questions asked of an index (which variables it depends on,
+    what it costs).  Maps keep the form without it: their text keys the committed measurements.
     """
     fv = e.free_var_set()
-    key = (e, tuple(sorted((k, tuple(v)) for k, v in ranges.items() if k in fv)))
+    key = (e, tuple(sorted((k, tuple(v)) for k, v in ranges.items() if k in fv)), divisors)
     hit = _SIMPLIFIED.get(key)
     if hit is not None:
         return hit
-    out = _simplify(e, ranges)
+    out = _simplify(e, ranges, divisors)
     if len(_SIMPLIFIED) > 1 << 20:   # a bound on memory; solvers on big graphs ask for many
         _SIMPLIFIED.clear()
     _SIMPLIFIED[key] = out
@@ -388,23 +392,23 @@ def simplify(e: Expr, ranges: Ranges) -> Expr:
 _SIMPLIFIED: dict = {}
 
 
-def _simplify(e: Expr, ranges: Ranges) -> Expr:
+def _simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> Expr:
     prev = None
     cur = e
     for _ in range(8):
         if cur == prev:
             break
         prev = cur
-        cur = cur.map_atoms(lambda a: _simplify_atom(a, ranges))
+        cur = cur.map_atoms(lambda a: _simplify_atom(a, ranges, divisors))
         cur = _merge_divmod(cur)
     return cur
 
 
-def _simplify_atom(a: Atom, ranges: Ranges) -> Expr:
+def _simplify_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
     if isinstance(a, Var) and a.name in ranges and ranges[a.name][0] == ranges[a.name][1]:
         return Expr(const=ranges[a.name][0])        # a dimension of extent one: a constant
     if isinstance(a, (FloorDiv, Mod)):
-        arg = simplify(a.arg, ranges)
+        arg = simplify(a.arg, ranges, divisors)
         lo, hi = bounds(arg, ranges)
         if isinstance(a, FloorDiv):
             if lo // a.div == hi // a.div:
@@ -415,22 +419,22 @@ def _simplify_atom(a: Atom, ranges: Ranges) -> Expr:
             rlo, rhi = bounds(r, ranges)
             if 0 <= rlo and rhi < a.div:
                 return Expr(q_terms, arg.const // a.div)
-            hit = _split_divisor(arg, a.div, ranges)
+            hit = _split_divisor(arg, a.div, ranges) if divisors else None
             if hit is not None:          # (c*q + r) // (c*k) == q // k
                 q, _, k = hit
-                return simplify(q // k, ranges)
+                return simplify(q // k, ranges, divisors)
             return arg // a.div
         if 0 <= lo and hi < a.div:
             return arg
         if lo // a.div == hi // a.div:
             return arg - (lo // a.div) * a.div
-        hit = _split_divisor(arg, a.div, ranges)
+        hit = _split_divisor(arg, a.div, ranges) if divisors else None
         if hit is not None:              # (c*q + r) % (c*k) == c*(q % k) + r
             q, r, k = hit
-            return simplify(q % k, ranges) * (a.div // k) + r
+            return simplify(q % k, ranges, divisors) * (a.div // k) + r
         return arg % a.div
     if isinstance(a, Lookup):
-        return Expr({Lookup(a.table, tuple(simplify(i, ranges) for i in a.index), a.lo, a.hi): 1})
+        return Expr({Lookup(a.table, tuple(simplify(i, ranges, divisors) for i in a.index), a.lo, a.hi): 1})
     return Expr({a: 1})
 
 

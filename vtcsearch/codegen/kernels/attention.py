@@ -146,7 +146,7 @@ def shares_heads(m: "IndexMap", strides: Callable[[str], Sequence[int]], g: int,
         if p.target is not None:
             exprs.append(p.offset(strides(p.target)))
         for e in exprs:
-            if "__r" in simplify(e.subs(env), ranges).free_vars():
+            if "__r" in simplify(e.subs(env), ranges, divisors=True).free_vars():
                 return False
     return True
 
