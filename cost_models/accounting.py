@@ -1402,7 +1402,8 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
     movement ops (none: it stays a copy kernel, as between two extern GEMMs).  Whether the fusion happens
     depends on that kernel's implementation and on the copy's tensors staying physical, so the kernel unit's
     configuration includes them, and its Inductor cost is less the copy's (``CostOracle.unit_cost``): every
-    solver sees the fusion that the realization's Inductor regions get.
+    solver sees the fusion that the realization's Inductor regions get.  A view op (:func:`is_view`) goes to the
+    kernel that reads it instead, of whatever kind: in that kernel's region it is a view, not a copy.
     """
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
 
@@ -1425,6 +1426,20 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
                     queue.append(o)
         return None
 
+    def reading_kernel(op: str, limit: int = 64) -> str | None:
+        """The nearest kernel that reads ``op``'s output, through other movement ops (any kind of kernel:
+        Inductor reads a view through its strides, generated code or extern call alike)."""
+        seen, queue = {op}, [op]
+        while queue and len(seen) <= limit:
+            m = g.ops[queue.pop(0)]
+            for o in (c for t in m.outputs for c in g.tensors[t].consumers):
+                if o in owner:
+                    return owner[o] if owner[o] in g.groups else None
+                if o in g.ops and g.ops[o].kind == "movement" and o not in seen:
+                    seen.add(o)
+                    queue.append(o)
+        return None
+
     fused: dict[str, list[Unit]] = {}
     for cu in units:
         if cu.kind != "copy" or cu.src is None or cu.out is None:
@@ -1432,7 +1447,7 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
         op = g.ops[cu.op]
         if any(g.tensors[t].mutable for t in (op.inputs[cu.src], op.outputs[cu.out])):
             continue
-        k = adjacent_kernel(cu.op)
+        k = (reading_kernel(cu.op) if is_view(op) else None) or adjacent_kernel(cu.op)
         if k is not None:
             fused.setdefault(k, []).append(cu)
     out = []
@@ -1443,6 +1458,12 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
             u = replace(u, tensors=u.tensors + extra, fuses=tuple(cus), n_fused_tensors=len(extra))
         out.append(u)
     return out
+
+
+def is_view(op: Any) -> bool:
+    """Whether movement op ``op`` is an ATen view (transpose, expand, view, slice, ...): inside an Inductor region
+    it moves nothing, as its reader reads its input through the view's strides."""
+    return bool(getattr(op.target, "is_view", False)) or op.target_name.split(".")[0] == "_unsafe_view"
 
 
 class ImpossibleConfig(ValueError):

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from vtcsearch.core.strategy import Strategy
 from vtcsearch.core.vtog import VTOG
 
-from .accounting import PHYS, Accounting, ImpossibleConfig, Unit, UnitSpec
+from .accounting import PHYS, Accounting, ImpossibleConfig, Unit, UnitSpec, is_view
 
 
 @contextlib.contextmanager
@@ -255,6 +255,8 @@ class CostOracle:
             return 0.0
         g = acc.graph
         op = g.ops[cu.op]
+        if is_view(op):     # read through its strides by the kernel it is fused into: nothing moves
+            return c.seconds
         out = g.tensors[op.outputs[cu.out]].nbytes
         moved = min(g.tensors[op.inputs[cu.src]].nbytes, out) if cu.src is not None else out
         own = max((g.tensors[t].nbytes for t in u.own_tensors), default=0)

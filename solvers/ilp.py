@@ -524,14 +524,19 @@ def _cap_configs(u, ks: list[list[str]], max_configs: int, wvar, m, info,
 
     Maps come smallest tree first; a dropped map is forbidden for its tensor
     everywhere (the search space shrinks, every solution stays valid), and the
-    result is no longer proven optimal.
+    result is no longer proven optimal.  Each tensor keeps its physical map, the
+    greedy warm start's (``protected``) and its largest tree, every movement op
+    around it eliminated (a repeat_kv chain read by attention straight from the
+    cache): dropping that one first lost the best strategy of a Llama decoder
+    whenever greedy had not found it.
     """
     if math.prod(len(k) for k in ks) <= max_configs:
         return ks
     ks = [list(k) for k in ks]
+    largest = [k[-1] for k in ks]
     while math.prod(len(k) for k in ks) > max_configs:
         i = max(range(len(ks)), key=lambda j: len(ks[j]))
-        keep = {ks[i][0], protected.get(u.tensors[i])}
+        keep = {ks[i][0], largest[i], protected.get(u.tensors[i])}
         drop = next((k for k in reversed(ks[i]) if k not in keep), None)
         if drop is None:
             break
