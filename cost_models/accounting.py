@@ -1427,8 +1427,10 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
         return None
 
     def reading_kernel(op: str, limit: int = 64) -> str | None:
-        """The nearest kernel that reads ``op``'s output, through other movement ops (any kind of kernel:
-        Inductor reads a view through its strides, generated code or extern call alike)."""
+        """The kernel whose code reads view op ``op``'s output: the nearest kernel after it through other views
+        (any kind of kernel: Inductor reads a view through its strides, generated code or extern call alike),
+        or, where a copying movement op reads it (repeat_kv's clone), the kernel that runs that copy (if any
+        kernel runs it)."""
         seen, queue = {op}, [op]
         while queue and len(seen) <= limit:
             m = g.ops[queue.pop(0)]
@@ -1436,6 +1438,9 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
                 if o in owner:
                     return owner[o] if owner[o] in g.groups else None
                 if o in g.ops and g.ops[o].kind == "movement" and o not in seen:
+                    runs_copy = None if is_view(g.ops[o]) else adjacent_kernel(o)
+                    if runs_copy is not None:
+                        return runs_copy
                     seen.add(o)
                     queue.append(o)
         return None
