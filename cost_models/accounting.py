@@ -568,8 +568,8 @@ class TrafficModel:
         off = p.offset(st)
         freq = tile_frequency(p.region)
         ranges = {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(p.region)}
-        ops = _atom_ops(simplify(off, ranges, divisors=True), freq) + sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0)
-                                         for c, _, _ in p.conds)
+        ops = _atom_ops(simplify(off, ranges, divisors=True), freq)
+        ops += sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0) for c, _, _ in p.conds)
         flat = _unlook(off)
         if not p.conds and flat.is_affine():
             # affine: each variable with a non-zero stride multiplies the distinct count

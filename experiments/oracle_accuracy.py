@@ -13,8 +13,8 @@ prediction the run itself recorded (by the oracle that searched it, at that run'
 The target (issue 13): the analytical model within 25% of measured.  The strategy's edges are matched to
 today's VTOG by signature (:func:`edge_signature`); one with more than :data:`MAX_DROPPED` of its edges gone
 (the VTOG changed since the run, or the GPU machine's transformers captured another graph) is reported as
-drifted, not predicted; a workload this machine cannot build (torchvision or timm not installed) as skipped.  Nothing is timed here: every measured number
-is the committed one, and the folder says which run measured it.
+drifted, not predicted; a workload this machine cannot build (torchvision or timm not installed) as skipped.
+Nothing is timed here: every measured number is the committed one, and the folder says which run measured it.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import os
 import platform
 import re
 import statistics
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -80,9 +81,8 @@ def map_implementations(impl: dict[str, str], groups: Sequence[str]) -> dict[str
 def rebuild(summary: dict[str, Any], case: dict[str, Any]):
     """(graph, VTOG) of a committed case at HEAD, full size on the meta device, captured as its run captured it."""
     from experiments.workloads import build_workload
-    from vtcsearch.config import load_config
+    from vtcsearch.config import load_config, torch_dtype
     from vtcsearch.core.vtog import build_vtog
-    from vtcsearch.config import torch_dtype
     from vtcsearch.run import capture_graph
     cfg = load_config(summary["config_path"])
     for k in ("hfuse", "prologues"):           # the run's fusion options, which its command may have changed
@@ -188,10 +188,12 @@ def write(out: Path, rows: list[dict[str, Any]], command: str) -> None:
     machine = f"{platform.node() or 'cpu'} ({platform.machine()}, no GPU: predictions only; measurements from " \
               f"the folders' runs)"
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
     pd.DataFrame(rows).to_csv(out / "accuracy.csv", index=False)
     st = stats(rows)
     lines = ["# The analytical model against committed H200 measurements", "",
-             f"- Command: `{command}`", f"- Machine: {machine}", f"- Date: {date}", "",
+             f"- Command: `{command}` at commit {commit}", f"- Machine: {machine}", f"- Date: {date}", "",
              "Each measured vtcsearch variant of the folders: its committed strategy on the case rebuilt at HEAD "
              "(full size, meta device), predicted by the analytical model with the folder's settings, against the "
              "latency the H200 measured in that folder's run and the prediction that run recorded (the oracle "

@@ -153,3 +153,35 @@ def test_kernel_time_by_class_says_which_kernels_make_a_case_slower(tmp_path):
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "profiled kernel time over it: movement +50.0 us, other +1.0 us" in report
     assert "## Kernel time by class" in report
+
+
+def test_oracle_accuracy_prices_the_committed_strategies(tmp_path):
+    """experiments.oracle_accuracy loads each measured strategy of a committed folder onto the VTOG rebuilt at
+    HEAD and prices it; an edge renumbered since the run (``clone_3`` -> ``clone_2``) is matched by its
+    signature, and a strategy whose edges are gone is reported as drifted, not priced."""
+    import re
+    import shutil
+    from experiments.oracle_accuracy import predict, write
+    root = Path(__file__).resolve().parents[1] / "results" / "vision_blocks"
+    rows = predict([root], log=lambda m: None)
+    assert [r["variant"] for r in rows] == ["vtc_none", "vtc_ilp", "vtc_ilp@analytical"]
+    assert all(r["model_us"] and r["model_us"] > 0 and not r["note"] for r in rows)
+    # the same run with its VTOG's op names renumbered, then with the ILP's first edge made unknown
+    folder = tmp_path / "vision_blocks"
+    shutil.copytree(root, folder)
+    vpath = folder / "vtog" / "litemla-bs1.json"
+    vt = json.loads(vpath.read_text())
+    for e in vt["edges"]:
+        e["op"] = re.sub(r"_\d+$", "", e["op"]) + f"_{e['id'] + 7}"
+    vpath.write_text(json.dumps(vt))
+    again = predict([folder], log=lambda m: None)
+    assert [r["model_us"] for r in again] == pytest.approx([r["model_us"] for r in rows])
+    ilp = json.loads((folder / "strategies" / "litemla-bs1_ilp.json").read_text())
+    for e in vt["edges"]:
+        if e["id"] in ilp["edges"]:
+            e["kind"] = "unknown"
+    vpath.write_text(json.dumps(vt))
+    drifted = {r["variant"]: r for r in predict([folder], log=lambda m: None)}
+    assert drifted["vtc_ilp"]["model_us"] is None and drifted["vtc_ilp"]["note"].startswith("drifted")
+    write(tmp_path / "out", list(drifted.values()), "test")
+    assert "drifted" in (tmp_path / "out" / "report.md").read_text()
