@@ -75,7 +75,7 @@ from vtcsearch.core.implementation import INDUCTOR
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
 
-from .base import Run, SolveResult, SolverStatus
+from .base import Run, SolveResult, SolverStatus, best_implementations
 
 NAME = "ilp"
 DECOMPOSABLE = True   # can be solved part by part through solvers.decompose (decompose=True) ...
@@ -282,7 +282,9 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         cap_var = _memory_model(m, acc, trees, maps_of, wvar)
         if obj.memory_cap is not None:
             m.add(cap_var + acc.const_bytes <= int(obj.memory_cap))
-    m.minimize(_integral_objective(obj, lat_expr, cap_var))
+    lat_bound = sum(abs(c) for c, _ in lat_terms) + abs(const_ps)
+    m.minimize(_integral_objective(obj, lat_expr, cap_var, lat_bound,
+                                   sum(acc.graph.tensors[s].nbytes for s in acc.intermediate)))
 
     # -- solve, validate, cut ----------------------------------------------------------------------------------
     solver = cp_model.CpSolver()
@@ -311,6 +313,8 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         solver.parameters.max_time_in_seconds = max(0.1, limit - (run.elapsed() - t_solve))
         st = solver.solve(m)
         status_name = solver.status_name(st)
+        if st == cp_model.MODEL_INVALID:
+            info["model_invalid"] = m.validate()[:300]
         if st not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         chosen = [o for o, lit in x.items() if solver.boolean_value(lit)]
@@ -368,6 +372,7 @@ def _better_incumbent(run: Run, g: SolveResult, hint: list[int], info: dict[str,
     except StrategyError:
         info["hint"] = "invalid"
         return g
+    s.set_implementations(best_implementations(run.oracle, s))   # the hint is options only: each group's best
     ev = run.oracle.evaluate(s, rows=False)
     info["hint_objective"] = ev.objective
     if not ev.objective < g.objective:
@@ -608,11 +613,15 @@ def _memory_model(m, acc, trees, maps_of, wvar):
     return cap
 
 
-def _integral_objective(obj, lat_expr, cap_var):
+def _integral_objective(obj, lat_expr, cap_var, lat_bound: float = 0.0, cap_bound: float = 0.0):
     """Integer objective: CP-SAT's scaling of tiny float coefficients is not exact enough.
 
     Latency is in picoseconds and memory in bytes; for a mix both weights are
-    scaled by one factor so the smaller becomes ~1e6 (relative error <= 1e-6).
+    scaled by one factor so the smaller becomes ~1e6 (relative error <= 1e-6), or
+    less where the objective could then overflow 64 bits (``lat_bound``: the sum of
+    the latency terms' magnitudes; ``cap_bound``: the largest peak): whole Llama 3
+    8B under ``mix`` was MODEL_INVALID ("possible integer overflow in objective"),
+    so the ILP fell back to greedy's strategy.
     """
     if not obj.memory_weight:
         return lat_expr
@@ -620,7 +629,10 @@ def _integral_objective(obj, lat_expr, cap_var):
         return cap_var
     wl, wm = obj.latency_weight / PS, obj.memory_weight     # seconds per picosecond, per byte
     k = 1e6 / min(wl, wm)
-    return int(round(wl * k)) * lat_expr + int(round(wm * k)) * cap_var
+    span = wl * lat_bound + wm * cap_bound
+    if span > 0:
+        k = min(k, 2.0 ** 56 / span)
+    return max(1, int(round(wl * k))) * lat_expr + max(1, int(round(wm * k))) * cap_var
 
 
 def _model_objective(solver, obj, lat_expr, cap_var, acc) -> float:

@@ -384,3 +384,56 @@ def test_capping_keeps_the_physical_the_warm_start_and_the_largest_tree():
     out = _cap_configs(u, ks, 100, wvar, cp_model.CpModel(), info, {"a": "a17"})
     assert math.prod(len(k) for k in out) <= 100 and info["complete"] is False
     assert {"a0", "a17", "a39"} <= set(out[0]) and {"b0", "b39"} <= set(out[1])
+
+
+def test_mix_objective_fits_in_64_bits():
+    """Under ``mix`` both weights are scaled to integers; the scale must leave the objective's range inside
+    64 bits (whole Llama 3 8B under mix was MODEL_INVALID, and the ILP fell back to greedy)."""
+    from ortools.sat.python import cp_model
+    from cost_models import Objective
+    from solvers.ilp import _integral_objective
+    m = cp_model.CpModel()
+    lat, cap = m.new_int_var(0, 10**13, "lat_ps"), m.new_int_var(0, 10**11, "peak_bytes")
+    m.minimize(_integral_objective(Objective.mix(1e-3), lat, cap, 1e13, 1e11))
+    assert m.validate() == ""
+    m.add(lat == 4 * 10**12)
+    m.add(cap == 10**10)
+    solver = cp_model.CpSolver()
+    assert solver.solve(m) == cp_model.OPTIMAL
+
+
+def test_a_hint_is_priced_with_its_best_implementations():
+    """A hint (the seams' solution, or the latency ILP's under a memory objective) is options only; the ILP
+    prices it with each group's best implementation, as every solver's result is, not all as templates (which
+    made the latency ILP's strategy look worse than greedy's under ``mix``)."""
+    from cost_models.accounting import LocalStrategy
+    from solvers import ilp
+    from solvers.base import best_implementations
+    from vtcsearch.core.capture import capture
+    wl = pytest.importorskip("experiments.workloads")
+    w = wl.build_workload("llama3", size="tiny", part="layer")
+    v = build_vtog(capture(w.model, w.example_inputs))
+    oracle = AnalyticalOracle("H200", implementations=("inductor", "library", "triton"))
+    best = get_solver("ilp")(v, oracle)
+    res = ilp.solve(v, oracle, hint=list(best.options))
+    s = LocalStrategy(v, [e for o in best.options for e in v.options[o].edges], oracle.accounting(v))
+    s.set_implementations(best_implementations(oracle, s))
+    assert res.info["hint_objective"] == pytest.approx(oracle.evaluate(s).objective)
+    assert res.objective <= res.info["hint_objective"] * (1 + 1e-9)
+
+
+def test_the_memory_ilp_starts_from_the_latency_ilp_on_repeated_layers():
+    """Under ``mix`` the peak couples all layers, so the ILP solves the whole model, started from the latency
+    ILP's solution at the seams: never worse than that solution under its own objective."""
+    from solvers.base import best_implementations
+    wl = pytest.importorskip("experiments.workloads")
+    from vtcsearch.core.capture import capture
+    w = wl.build_workload("llama3", size="tiny", part="model", n_layers=4)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    impls = ("inductor", "library", "triton")
+    mix = AnalyticalOracle("H200", objective=Objective.mix(1e-3), implementations=impls)
+    r = get_solver("ilp")(v, mix, budget=5)
+    assert r.info["seeded_by"]["objective"] == "latency"
+    lat = get_solver("ilp")(v, AnalyticalOracle("H200", implementations=impls), budget=5).strategy
+    lat.set_implementations(best_implementations(mix, lat))
+    assert r.objective <= mix.evaluate(lat).objective * (1 + 1e-9)
