@@ -51,6 +51,9 @@ aten = torch.ops.aten
 MODE = "max-autotune-no-cudagraphs"   # the executable captures one CUDA graph of its own
 
 
+_VIEWS = (aten.view.default, aten._unsafe_view.default)
+
+
 def _storage_strides(op: Operand) -> dict[str, tuple[int, ...]]:
     return {s: tuple(op.storage_strides(s)) for s in op.map.targets()}
 
@@ -78,7 +81,11 @@ def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], out
         if node.target is aten.copy.default and op.inputs[0] not in env:
             env[node.name] = _copy_value(fx, env[op.inputs[1]], node)
             continue
-        new = fx.call_function(node.target, substitute(node.args, env, device), substitute(dict(node.kwargs), env, device))
+        # the region's values need not have eager's strides (an input laid out as the strategy places it, an
+        # eliminated transpose read as a value), so a view is a reshape: the same values, and a copy where
+        # the strides allow no view (a physical view of an eliminated transpose failed in Dynamo otherwise)
+        target = aten.reshape.default if node.target in _VIEWS else node.target
+        new = fx.call_function(target, substitute(node.args, env, device), substitute(dict(node.kwargs), env, device))
         if list(op.outputs) == [node.name]:
             env[node.name] = new
             continue
