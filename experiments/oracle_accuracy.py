@@ -166,9 +166,8 @@ def predict(folders: Sequence[Path], log=print) -> list[dict[str, Any]]:
                 continue
             ev = oracle_of(summary).evaluate(s)
             row["model_us"] = ev.latency_s * 1e6
-            row["model_over_measured"] = row["model_us"] / row["measured_us"]
             log(f"{folder.name:14s} {r['case']:18s} bs{r['batch']:<3d} {r['variant']:22s} measured "
-                f"{row['measured_us']:9.1f} model {row['model_us']:9.1f} ({row['model_over_measured']:.2f})")
+                f"{row['measured_us']:9.1f} model {row['model_us']:9.1f} ({row['model_us'] / row['measured_us']:.2f})")
     return out
 
 
@@ -190,7 +189,10 @@ def write(out: Path, rows: list[dict[str, Any]], command: str) -> None:
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
-    pd.DataFrame(rows).to_csv(out / "accuracy.csv", index=False)
+    # every row says how it was made: this command, machine and date (the measurement's own run is run_command /
+    # run_date)
+    made = {"command": f"{command} at commit {commit}", "machine": machine, "date": date}
+    pd.DataFrame([{**r, **made} for r in rows]).to_csv(out / "accuracy.csv", index=False)
     st = stats(rows)
     lines = ["# The analytical model against committed H200 measurements", "",
              f"- Command: `{command}` at commit {commit}", f"- Machine: {machine}", f"- Date: {date}", "",
