@@ -56,7 +56,7 @@ from cost_models import CostOracle, Objective
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
 
-from .base import Run, SolveResult, SolverStatus
+from .base import Run, SolveResult, SolverStatus, best_implementations
 
 Solve = Callable[..., SolveResult]
 
@@ -308,8 +308,10 @@ def _latency_seeded(solve: Solve, vtog: VTOG, oracle: CostOracle, budget: Any, s
         return solve(vtog, oracle, budget=budget, seed=seed, **options)
     first = solve_decomposed("ilp", solve, vtog, lat, budget=budget, seed=seed, decompose="seams", **options)
     whole = solve(vtog, oracle, budget=budget, seed=seed, hint=list(first.options), **options)
+    start = copy.copy(first.strategy)       # the hint as the ILP prices it: each group's best implementation
+    start.set_implementations(best_implementations(oracle, start))
     whole.info["seeded_by"] = {"objective": "latency", "latency_s": first.objective, "status": str(first.status),
-                               "wall_s": first.wall_s}
+                               "wall_s": first.wall_s, "start_objective": oracle.evaluate(start).objective}
     return replace(whole, wall_s=whole.wall_s + first.wall_s)
 
 

@@ -425,7 +425,6 @@ def test_a_hint_is_priced_with_its_best_implementations():
 def test_the_memory_ilp_starts_from_the_latency_ilp_on_repeated_layers():
     """Under ``mix`` the peak couples all layers, so the ILP solves the whole model, started from the latency
     ILP's solution at the seams: never worse than that solution under its own objective."""
-    from solvers.base import best_implementations
     wl = pytest.importorskip("experiments.workloads")
     from vtcsearch.core.capture import capture
     w = wl.build_workload("llama3", size="tiny", part="model", n_layers=4)
@@ -433,7 +432,9 @@ def test_the_memory_ilp_starts_from_the_latency_ilp_on_repeated_layers():
     impls = ("inductor", "library", "triton")
     mix = AnalyticalOracle("H200", objective=Objective.mix(1e-3), implementations=impls)
     r = get_solver("ilp")(v, mix, budget=5)
-    assert r.info["seeded_by"]["objective"] == "latency"
-    lat = get_solver("ilp")(v, AnalyticalOracle("H200", implementations=impls), budget=5).strategy
-    lat.set_implementations(best_implementations(mix, lat))
-    assert r.objective <= mix.evaluate(lat).objective * (1 + 1e-9)
+    seeded = r.info["seeded_by"]
+    assert seeded["objective"] == "latency"
+    # never worse than its start: the seams solve's latency strategy, priced under mix (a second latency
+    # solve here need not find the same strategy: CP-SAT's result depends on the machine's speed)
+    assert 0 < seeded["latency_s"] <= seeded["start_objective"]
+    assert r.objective <= seeded["start_objective"] * (1 + 1e-9)
