@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from vtcsearch.codegen.split_k import split_configs
-from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_operands, needs_copy, \
+from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
     strided_view_strides
 
 from .accounting import Traffic, TrafficModel, UnitSpec, attention_density, op_flops
@@ -324,19 +324,35 @@ class AnalyticalOracle(CostOracle):
 
     def _inductor(self, spec: UnitSpec) -> UnitCost:
         """The group compiled by Inductor on strided operands: residual copies for operands that are not strided
-        views, then one kernel at Inductor's efficiency for the group's kind (its epilogue fused)."""
+        views, then the group's kernel at Inductor's efficiency for its kind, limited by the same grid and
+        serial K loop as the templates (max-autotune picks among templates and the library, which share them).
+
+        A convolution's epilogue is a kernel of its own: Inductor's conv kernels (its Triton template, cuDNN)
+        write the product and a pointwise kernel applies the rest (the H200 profiles of YOLO11n and ShuffleNetV2
+        show a conv kernel plus a ``triton_poi_fused_..._convolution`` kernel per group: 249 kernels for 162
+        groups, 132 for 59), while its GEMM template fuses the epilogue (Llama decode: 355 kernels for 385)."""
         hw, g = self.hw, spec.graph
         group = g.groups[spec.unit.kernel]
         ins, outs = dense_operands(g, group, INDUCTOR)
         t_copy, copies, dense = self._residual_copies(spec, INDUCTOR, ins, outs)
-        t_flops = 0.0
-        if spec.flops:   # Inductor runs the math chain's products whole: no masked tiles skipped
-            full = spec.flops / attention_density(g, spec.unit.kernel)
-            t_flops = full / (hw.peak(spec.compute_dtype, spec.tensor_core)
-                              * (self.inductor_eff(self.geometry(spec).kind) if spec.tensor_core else 1.0))
-        t_call = max(self._t_dram(dense), t_flops) + hw.launch_s
-        return UnitCost(t_copy + t_call, bytes=dense, flops=spec.flops,
-                        detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call})
+        geo = self.geometry(spec)
+        # Inductor runs the math chain's products whole: no masked tiles skipped
+        full = spec.flops / attention_density(g, spec.unit.kernel) if spec.flops else 0.0
+        peak = hw.peak(spec.compute_dtype, spec.tensor_core) * (self.inductor_eff(geo.kind) if spec.tensor_core
+                                                                 else 1.0)
+        t_ep = 0.0
+        if group.kind == "conv":
+            op = library_op(g, group)
+            if len(group.ops) > 1 and op is not None:
+                prod = sum(g.tensors[t].nbytes for t in op.outputs)   # written by the conv, read by the epilogue
+                t_ep = self._t_dram(2 * prod) + hw.launch_s
+            _, _, t_serial, body = self._body(geo, "triton", dense, 0.0, full, peak)
+        else:
+            t_serial, body = 0.0, max(self._t_dram(dense), full / peak if full else 0.0)
+        t_call = body + hw.launch_s
+        return UnitCost(t_copy + t_call + t_ep, bytes=dense, flops=spec.flops,
+                        detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call,
+                                "t_epilogue": t_ep, "t_serial": t_serial})
 
     def inductor_eff(self, kind: str) -> float:
         """Inductor's efficiency on a ``kind`` kernel: a calibrated ``inductor/<kind>`` entry, else the better

@@ -191,6 +191,41 @@ def test_a_view_read_by_an_inductor_kernel_moves_nothing():
             assert all(rows[t]["seconds"] > 0 for t in views)
 
 
+def test_an_inductor_conv_runs_its_epilogue_as_a_kernel_of_its_own():
+    """Inductor's conv kernels write the product and a pointwise kernel applies the epilogue (H200 profiles of
+    YOLO11n and ShuffleNetV2: a conv kernel plus a ``triton_poi_fused_..._convolution`` kernel per group), while
+    its GEMM template fuses the epilogue: a conv+bias+ReLU group pays one more launch and the product's bytes
+    twice, a bare conv and a matmul+ReLU group do not."""
+    import torch.nn as nn
+    from vtcsearch.core.capture import capture
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.lin = nn.Conv2d(16, 32, 3, padding=1), nn.Conv2d(32, 32, 1, bias=False), \
+                nn.Linear(32, 64)
+
+        def forward(self, x):
+            y = self.b(self.a(x).relu())
+            return self.lin(y.mean((2, 3))).relu()
+
+    v = build_vtog(capture(M().eval(), (torch.randn(2, 16, 64, 64),)))
+    g = v.graph
+    oracle = AnalyticalOracle("H200", implementations=("inductor",))
+    rows = {r["unit"]: r for r in oracle.evaluate(Strategy(v, [], dict.fromkeys(g.groups, "inductor"))).rows
+            if r["kind"] == "kernel"}
+    convs = [u for u in rows if g.groups[u].kind == "conv"]
+    fused = [u for u in convs if len(g.groups[u].ops) > 1]
+    bare = [u for u in convs if len(g.groups[u].ops) == 1]
+    mm = [u for u in rows if g.groups[u].kind == "matmul" and len(g.groups[u].ops) > 1]
+    assert fused and bare and mm
+    prod = g.tensors[g.ops[g.groups[fused[0]].ops[0]].outputs[0]].nbytes
+    hw = oracle.hw
+    assert rows[fused[0]]["t_epilogue"] == pytest.approx(oracle._t_dram(2 * prod) + hw.launch_s)
+    assert rows[bare[0]]["t_epilogue"] == 0 and rows[mm[0]]["t_epilogue"] == 0
+    assert rows[fused[0]]["seconds"] == pytest.approx(rows[fused[0]]["t_call"] + rows[fused[0]]["t_epilogue"])
+
+
 def test_gather_maps_are_costed():
     """A map through a runtime index tensor (Gather, paged caches) gets finite traffic and index overhead."""
     from vtcsearch.core.expr import lookup
