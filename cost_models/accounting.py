@@ -73,6 +73,9 @@ class Unit:
     # their maps too
     fuses: tuple["Unit", ...] = ()
     n_fused_tensors: int = 0
+    # a fused copy unit: the tensors of the movement ops between it and the kernel that runs it, which must stay
+    # physical too (the region reaches the copy through them)
+    via: tuple[str, ...] = ()
 
     @property
     def own_tensors(self) -> tuple[str, ...]:
@@ -1406,44 +1409,60 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
     kernel that reads it instead, of whatever kind: in that kernel's region it is a view, not a copy.
     """
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
+    # the schedule: realization's Inductor regions are runs of consecutive steps, so a copy joins a kernel's
+    # region only if no other kernel group runs between them (that group may be a template, which cuts it)
+    pos = {st: k for k, st in enumerate(g.steps)}
+    groups_before = np.cumsum([0] + [st in g.groups for st in g.steps])
+
+    def next_to(op: str, kernel: str) -> bool:
+        """Whether only movement ops run between movement op ``op`` and ``kernel`` in the schedule."""
+        if op not in pos or kernel not in pos:
+            return True          # a graph without a schedule (built by hand): every kernel is next to it
+        a, b = sorted((pos[op], pos[kernel]))
+        return groups_before[b] - groups_before[a + 1] == 0
 
     def generated(op: str) -> bool:
         """Whether Inductor runs kernel op ``op`` as generated code (not an extern call)."""
         return owner[op] in g.groups and g.ops[op].category in ("pointwise", "reduction")
 
-    def adjacent_kernel(op: str, limit: int = 64) -> str | None:
-        """The nearest kernel with generated code around ``op``'s connected movement ops (producers first)."""
-        seen, queue = {op}, [op]
+    def adjacent_kernel(op: str, limit: int = 64) -> tuple[str | None, tuple[str, ...]]:
+        """The nearest kernel with generated code around ``op``'s connected movement ops (producers first) that
+        runs next to ``op`` in the schedule, and the tensors of the movement ops on the way (``Unit.via``)."""
+        seen, queue = {op: ()}, [op]
         while queue and len(seen) <= limit:
-            m = g.ops[queue.pop(0)]
+            name = queue.pop(0)
+            m = g.ops[name]
+            via = seen[name] + (tuple(m.inputs) + tuple(m.outputs) if name != op else ())
             near = [g.tensors[t].producer for t in m.inputs] + [c for t in m.outputs for c in g.tensors[t].consumers]
             for o in near:
                 if o in owner:
-                    if generated(o):
-                        return owner[o]
+                    if generated(o) and next_to(op, owner[o]):
+                        return owner[o], tuple(dict.fromkeys(via))
                 elif o in g.ops and g.ops[o].kind == "movement" and o not in seen:
-                    seen.add(o)
+                    seen[o] = via
                     queue.append(o)
-        return None
+        return None, ()
 
-    def reading_kernel(op: str, limit: int = 64) -> str | None:
+    def reading_kernel(op: str, limit: int = 64) -> tuple[str | None, tuple[str, ...]]:
         """The kernel whose code reads view op ``op``'s output: the nearest kernel after it through other views
         (any kind of kernel: Inductor reads a view through its strides, generated code or extern call alike),
         or, where a copying movement op reads it (repeat_kv's clone), the kernel that runs that copy (if any
-        kernel runs it)."""
-        seen, queue = {op}, [op]
+        kernel runs it), with the tensors from ``op`` to that copy and on to its kernel (``Unit.via``)."""
+        seen, queue = {op: ()}, [op]
         while queue and len(seen) <= limit:
-            m = g.ops[queue.pop(0)]
+            name = queue.pop(0)
+            m = g.ops[name]
             for o in (c for t in m.outputs for c in g.tensors[t].consumers):
                 if o in owner:
-                    return owner[o] if owner[o] in g.groups else None
+                    return (owner[o], ()) if owner[o] in g.groups else (None, ())
                 if o in g.ops and g.ops[o].kind == "movement" and o not in seen:
-                    runs_copy = None if is_view(g.ops[o]) else adjacent_kernel(o)
+                    via = seen[name] + tuple(m.outputs)
+                    runs_copy, after = (None, ()) if is_view(g.ops[o]) else adjacent_kernel(o)
                     if runs_copy is not None:
-                        return runs_copy
-                    seen.add(o)
+                        return runs_copy, via + tuple(g.ops[o].outputs) + after
+                    seen[o] = via
                     queue.append(o)
-        return None
+        return None, ()
 
     fused: dict[str, list[Unit]] = {}
     for cu in units:
@@ -1452,14 +1471,21 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
         op = g.ops[cu.op]
         if any(g.tensors[t].mutable for t in (op.inputs[cu.src], op.outputs[cu.out])):
             continue
-        k = (reading_kernel(cu.op) if is_view(op) else None) or adjacent_kernel(cu.op)
+        k, via = reading_kernel(cu.op) if is_view(op) else (None, ())
+        if k is None or not next_to(cu.op, k):
+            k, via = adjacent_kernel(cu.op)
         if k is not None:
-            fused.setdefault(k, []).append(cu)
+            # the op's other tensors too, unless ``k`` computes them: read through a map into a storage that the
+            # region writes, an input would be read before the region's call writes it (YOLO11's C3k2 ``cat``
+            # of a split that aliases the cat's own buffer)
+            own = tuple(t for t in op.inputs + op.outputs if owner.get(g.tensors[t].producer or "") != k)
+            via = tuple(dict.fromkeys(t for t in via + own if t not in cu.tensors))
+            fused.setdefault(k, []).append(replace(cu, via=via))
     out = []
     for u in units:
         cus = fused.get(u.kernel or "") if u.kind == "kernel" else None
         if cus:
-            extra = tuple(dict.fromkeys(t for c in cus for t in c.tensors if t not in u.tensors))
+            extra = tuple(dict.fromkeys(t for c in cus for t in c.tensors + c.via if t not in u.tensors))
             u = replace(u, tensors=u.tensors + extra, fuses=tuple(cus), n_fused_tensors=len(extra))
         out.append(u)
     return out

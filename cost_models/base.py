@@ -232,7 +232,7 @@ class CostOracle:
         key = dict(zip(u.tensors, keys))
         saved, fused = [], []
         for cu in u.fuses:
-            if all(key[t] == acc.key_of(t, PHYS) for t in cu.tensors):
+            if all(key[t] == acc.key_of(t, PHYS) for t in cu.tensors + cu.via):
                 s = self.fused_copy_saving(acc, u, cu)
                 if s > 0:
                     saved.append(s)

@@ -444,7 +444,7 @@ def _fusion_terms(m, oracle, acc, unit, p_inductor, maps_of, wvar, lat_terms) ->
             continue
         f = m.new_bool_var("")
         m.add_implication(f, p_inductor)
-        for t in cu.tensors:
+        for t in cu.tensors + cu.via:
             k = acc.key_of(t, PHYS)
             lit = wvar[t, k] if k in maps_of(t) else 0   # 1: a tensor no option can make virtual
             if isinstance(lit, int):

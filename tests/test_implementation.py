@@ -802,3 +802,23 @@ def test_full_size_decode_realizes_only_the_copies_the_model_prices(workload):
     oracle = get_oracle("analytical", implementations=("inductor", "library", "triton"), hardware="H200")
     g, _, res = search_fusions(w.model, w.example_inputs, get_solver("ilp"), oracle)
     assert not unpriced_copies(g, res.strategy, oracle.evaluate(res.strategy, rows=True).rows)
+
+
+@pytest.mark.parametrize("workload,params", [("shufflenet", {}), ("yolo11", {"variant": "n"})])
+def test_mixed_implementations_realize_only_the_copies_the_model_prices(workload, params):
+    """Random mixes of Inductor, library and template groups, with and without virtual tensors, on two CNNs:
+    a copy the model gives to an Inductor kernel must run inside that kernel's region.  Regions are runs of
+    consecutive steps, so a template group between the copy and the kernel cuts them apart (whole YOLO11n: a
+    ``cat`` of an Inductor add and a template's output was priced as fused into the add and launched as a copy
+    kernel; ShuffleNetV2's ``split`` likewise, three steps before the Inductor conv it was given to)."""
+    from experiments.workloads import build_workload
+    w = build_workload(workload, size="tiny", device="meta", dtype=torch.float16, batch=2, **params)
+    g = capture(w.model, w.example_inputs)
+    v = build_vtog(g)
+    oracle = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "library", "triton"))
+    for seed in range(6):
+        rng = random.Random(seed)
+        impl = {k: rng.choice(im.choices(g, gr, ("inductor", "library", "triton"))) for k, gr in g.groups.items()}
+        edges = random_valid_strategy(v, rng).edges if seed % 2 else []
+        s = Strategy(v, edges, impl)
+        assert not unpriced_copies(g, s, oracle.evaluate(s, rows=True).rows), (seed, workload)
