@@ -104,6 +104,28 @@ def test_tables_from_two_runner_folders(folders):
     assert "geometric mean 1.00x < 1.30x" in report and "shufflenet bs1: peak 35 MiB > torch.compile's 30 MiB" in report
 
 
+def test_the_guard_keeps_what_vtcsearch_compile_keeps(tmp_path):
+    """A run that guarded its pick (``run.measured_guard``: the pick and ``none`` timed against each other, as
+    ``vtcsearch.compile`` does) reports the strategy the guard kept; a guard of another pick is ignored."""
+    rows = [row("n", 1, "compile_max_autotune_graph", 1000, 10), vtc("n", 1, "none", 990, 5),
+            vtc("n", 1, "ilp", 1100, 5)]
+    guarded = {"solver": "ilp", "search_us": 1102.0, "none_us": 991.0, "kept": "none"}
+    for guard, solver, us in ((guarded, "none", 990), ({**guarded, "solver": "greedy"}, "ilp", 1100), (None, "ilp", 1100)):
+        d = tmp_path / str(len(list(tmp_path.iterdir())))
+        d.mkdir()
+        res = evaluate([folder(d, "yolo11", "yolo11", [case("n", 1, "ilp", 5, guard=guard)], rows)], d / "eval")
+        (f11,) = [r for r in res["figure11"] if r["model"] == "yolo11 n"]
+        assert (f11["vtcsearch_solver"], f11["vtcsearch_us"]) == (solver, us)
+
+
+def test_guard_record_keeps_none_only_where_it_measured_faster():
+    from vtcsearch.run import guard_record
+    assert guard_record("ilp", 1100.0, 990.0)["kept"] == "none"
+    assert guard_record("ilp", 990.0, 1100.0)["kept"] == "ilp"
+    assert guard_record("ilp", 1000.0, 1000.0)["kept"] == "ilp"
+    assert guard_record("ilp", None, None)["kept"] == "ilp"       # the same strategy: nothing to time
+
+
 def test_a_modelled_or_failed_case_is_missing_not_compared(tmp_path):
     mod = folder(tmp_path, "yolo11", "yolo11", [case("n", 1, "ilp", 5), case("s", 1, None, 10, error="capture: x")], [
         vtc("n", 1, "ilp", 100, 5), row("n", 1, "eager", None, 0, status="skipped")], measured=False)

@@ -21,7 +21,9 @@ not measured, is listed as missing: nothing is invented or interpolated.
 Conventions (from the runner): ``measured_peak_bytes`` is what a variant needs *on top of* the model's
 parameters and buffers (``run_variant``), so a case's total peak is ``model_bytes + measured_peak_bytes``
 and the activation peak is ``measured_peak_bytes``.  vtcsearch's number is the case's ``best_solver`` (the
-search's pick, chosen before anything was measured), not the fastest of its measured strategies.
+search's pick, chosen before anything was measured), not the fastest of its measured strategies; where the run
+guarded that pick as ``vtcsearch.compile`` does (the case's ``guard``: the pick and ``none`` timed against each
+other apart from the reported timing), it is the strategy the guard kept.
 """
 from __future__ import annotations
 
@@ -116,6 +118,9 @@ def _record(s: dict[str, Any], name: str, wl: str | None, case: dict[str, Any],
     bases = [r for r in rows if r.get("kind") == VariantKind.BASELINE and r["variant"] not in REFERENCE and _ok(r)]
     best_base = min(bases, key=lambda r: r["measured_latency_us"]) if bases else None
     best_solver = case.get("best_solver")
+    guard = case.get("guard") or {}
+    if guard.get("solver") == best_solver and guard.get("kept"):   # what vtcsearch.compile keeps, by measurement
+        best_solver = guard["kept"]
     vtc = by_variant.get(variant_name(best_solver)) if best_solver else None
     if vtc is not None and measured and not _ok(vtc):
         vtc = None

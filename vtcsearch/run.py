@@ -342,13 +342,15 @@ def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
 def unpriced_copies(graph, strategy, rows: list[dict[str, Any]]) -> list[Any]:
     """The copy kernels realization will launch (:func:`vtcsearch.codegen.realize.planned_copies`) that the
     oracle's rows do not price: a movement op's copy the model counted as fused or free, or a gather or scatter
-    of a kernel's operand where the kernel's row has no operand copies.  Any means the model is wrong about
-    what this strategy runs."""
+    of a kernel's operand where the kernel's row has no operand copies.  (A copying movement op inside an
+    Inductor region that gathers an input read through a map is its priced copy, run as a gather.)  Any means
+    the model is wrong about what this strategy runs."""
     from vtcsearch.codegen.realize import planned_copies
     copies = {r["unit"].split("[")[0] for r in rows if r["kind"] == "copy" and not r.get("fused_into")
               and r["seconds"] > 0}
     operands = {r["unit"] for r in rows if r["kind"] == "kernel" and (r.get("library_copies") or 0) > 0}
-    return [p for p in planned_copies(graph, strategy) if p.step not in (copies if p.kind == "copy" else operands)]
+    return [p for p in planned_copies(graph, strategy)
+            if p.step not in (copies if p.kind == "copy" or p.step not in graph.groups else operands)]
 
 
 def capture_graph(cfg: Config, w) -> Any:
@@ -638,7 +640,12 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # numerics and benchmark
     ctx.stage = "benchmark" if ctx.measured else "numerics"
     if ctx.measured:
-        gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows, unit_floors)
+        guard = case["guard"] = gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows,
+                                              unit_floors, case["best_solver"])
+        if guard and guard["kept"] != guard["solver"]:
+            ctx.notes.append(f"case {label} bs{batch}: the guard kept vtc_none ({guard['none_us']:.1f} us) over "
+                             f"{variant_name(guard['solver'])} ({guard['search_us']:.1f} us), as vtcsearch.compile "
+                             f"would; the evaluation reports vtc_none for it")
     else:
         cpu_numerics(ctx, params, full_params, batch, label, results, rows, numerics_cache, numerics_rows)
         for name in cfg.baselines:
@@ -696,11 +703,12 @@ def cpu_numerics(ctx: RunContext, params, full_params, batch, label, results, ro
 
 
 def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numerics_rows,
-                  unit_floors: dict[str, dict[str, float | None]]) -> None:
+                  unit_floors: dict[str, dict[str, float | None]], best: str | None = None) -> dict[str, Any] | None:
     """Realize each strategy at full size and time it beside the baselines, in this process; check numerics;
     with ``breakdown.steps`` / ``conv_layers``, time each step / conv kernel of each executable alone.
     Every variant is built, sized, profiled and checked first (its row lands in ``rows`` then); then all of
-    them are timed side by side, in interleaved rounds."""
+    them are timed side by side, in interleaved rounds.  Returns :func:`measured_guard`'s record for the
+    search's pick ``best``."""
     import torch
 
     from .breakdown import conv_layer_rows, step_rows
@@ -787,12 +795,42 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     except RunInterrupted:      # stopped mid-case (a deadline): what was built is still timed, and kept
         time_side_by_side(ctx, ready, by_variant, restore)
         raise
+    same = best in results and "none" in results and not isinstance(results["none"], tuple) and \
+        results[best].strategy == results["none"].strategy
+    guard = measured_guard(ctx, ready, best, restore, same)
     time_side_by_side(ctx, ready, by_variant, restore)
     exes.clear()
     ready.clear()
     torch.cuda.empty_cache()
     torch._dynamo.reset()      # drop the compiled baselines and regions of this case before the next one
     clear_compiled_regions()
+    return guard
+
+
+def measured_guard(ctx: RunContext, ready: dict[str, tuple[Any, bool]], best: str | None,
+                   restore: Callable[[], None], same: bool = False) -> dict[str, Any] | None:
+    """``vtcsearch.compile``'s guard, in the runner: the search's pick ``best`` and ``none`` (no virtual tensors,
+    each group in its cheapest implementation) timed against each other, apart from the side-by-side timing
+    that the report shows; the faster is the case's vtcsearch result (the case's ``guard``).  A mispriced
+    strategy then costs what compiling without virtual tensors costs, as it does for a user.  None: nothing
+    to guard (the pick is ``none``, or either was not built)."""
+    from vtcsearch.codegen.timing import bench_side_by_side
+    a, b = variant_name(best) if best else None, variant_name("none")
+    if best in (None, "none") or a not in ready or b not in ready:
+        return None
+    if same:
+        return guard_record(best, None, None)
+    times = bench_side_by_side({a: ready[a], b: ready[b]}, rounds=ctx.cfg.timing_rounds)
+    restore()
+    rec = guard_record(best, *(None if isinstance(times[k], Exception) else times[k].median_us for k in (a, b)))
+    ctx.log(f"   guard: {a} {rec['search_us']} us, vtc_none {rec['none_us']} us: kept {variant_name(rec['kept'])}")
+    return rec
+
+
+def guard_record(best: str, search_us: float | None, none_us: float | None) -> dict[str, Any]:
+    """Which of the search's pick and ``none`` the guard keeps: ``none`` only where it measured faster."""
+    kept = "none" if search_us is not None and none_us is not None and none_us < search_us else best
+    return {"solver": best, "search_us": search_us, "none_us": none_us, "kept": kept}
 
 
 def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_variant: dict[str, dict[str, Any]],
@@ -1117,6 +1155,8 @@ def merge_case(summary: dict[str, Any], case: dict[str, Any], rows: list[dict[st
             keep = {k: v for k, v in old.items() if v is not None and case.get(k) is None}
             if not any(r["kind"] == VariantKind.VTCSEARCH and r.get("status") == "ok" for r in rows):
                 keep["best_solver"] = old.get("best_solver")     # a baselines-only piece chose no solver
+            else:
+                keep.pop("guard", None)          # it guarded the earlier pick, not this piece's
             case = {**case, **keep}
     summary["cases"].append(case)
 
