@@ -54,6 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from vtcsearch.codegen.kernels.attention import head_group   # at import: a query's time is the model's own
 from vtcsearch.codegen.split_k import split_configs
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
     strided_view_strides
@@ -242,7 +243,6 @@ class AnalyticalOracle(CostOracle):
         key = self.traffic.signature(m, itemsize, strides)
         g = self._groups.get(key)
         if g is None:
-            from vtcsearch.codegen.kernels.attention import head_group
             g = self._groups[key] = head_group(m, lambda t: strides[t])
         if g > 1:
             tr.l2_bytes = max(0.0, tr.l2_bytes - (tr.elements - tr.elements / g) * itemsize)
