@@ -1043,3 +1043,27 @@ def test_a_gpu_run_precompiles_real_kernels_in_the_spawned_process(tmp_path):
     assert rep["compiled"] == rep["to_measure"] > 0 and rep["failed"] == 0, rep
     ev = ctx.oracle.evaluate(Strategy(vtog, []))
     assert math.isfinite(ev.objective) and ctx.oracle.stats.errors == 0
+
+
+def test_measured_guard_times_the_pick_against_none(monkeypatch):
+    """The runner's guard (GPU runs only) with the timing replaced: it times exactly the pick and ``vtc_none``,
+    restores the buffers after, and keeps ``none`` only where it measured faster."""
+    from types import SimpleNamespace
+    import vtcsearch.codegen.timing as timing
+    from vtcsearch.run import measured_guard
+    timed, restored = [], []
+
+    def fake_bench(ready, rounds):
+        timed.append(sorted(ready))
+        return {k: SimpleNamespace(median_us={"vtc_ilp": 110.0, "vtc_none": 100.0}[k]) for k in ready}
+
+    monkeypatch.setattr(timing, "bench_side_by_side", fake_bench)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(timing_rounds=3), log=lambda *a: None)
+    ready = {v: (lambda: None, True) for v in ("vtc_ilp", "vtc_none", "compile_max_autotune_graph")}
+    rec = measured_guard(ctx, ready, "ilp", lambda: restored.append(1))
+    assert timed == [["vtc_ilp", "vtc_none"]] and restored == [1]
+    assert rec == {"solver": "ilp", "search_us": 110.0, "none_us": 100.0, "kept": "none"}
+    assert measured_guard(ctx, ready, "none", lambda: None) is None          # nothing to guard
+    assert measured_guard(ctx, {"vtc_ilp": ready["vtc_ilp"]}, "ilp", lambda: None) is None   # none not built
+    assert measured_guard(ctx, ready, "ilp", lambda: None, same=True)["kept"] == "ilp"
+    assert len(timed) == 1

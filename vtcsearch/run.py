@@ -797,7 +797,11 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
         raise
     same = best in results and "none" in results and not isinstance(results["none"], tuple) and \
         results[best].strategy == results["none"].strategy
-    guard = measured_guard(ctx, ready, best, restore, same)
+    try:
+        guard = measured_guard(ctx, ready, best, restore, same)
+    except RunInterrupted:      # the deadline came while guarding: the report's timing still runs
+        time_side_by_side(ctx, ready, by_variant, restore)
+        raise
     time_side_by_side(ctx, ready, by_variant, restore)
     exes.clear()
     ready.clear()
