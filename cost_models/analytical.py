@@ -54,7 +54,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from vtcsearch.codegen.kernels.attention import head_group   # at import: a query's time is the model's own
+from vtcsearch.codegen.heads import head_group
 from vtcsearch.codegen.split_k import split_configs
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
     strided_view_strides
