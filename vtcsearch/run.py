@@ -827,7 +827,8 @@ def measured_guard(ctx: RunContext, ready: dict[str, tuple[Any, bool]], best: st
     times = bench_side_by_side({a: ready[a], b: ready[b]}, rounds=ctx.cfg.timing_rounds)
     restore()
     rec = guard_record(best, *(None if isinstance(times[k], Exception) else times[k].median_us for k in (a, b)))
-    ctx.log(f"   guard: {a} {rec['search_us']} us, vtc_none {rec['none_us']} us: kept {variant_name(rec['kept'])}")
+    us = {k: "-" if rec[k] is None else f"{rec[k]:.1f}" for k in ("search_us", "none_us")}
+    ctx.log(f"   guard: {a} {us['search_us']} us, vtc_none {us['none_us']} us: kept {variant_name(rec['kept'])}")
     return rec
 
 
