@@ -1437,7 +1437,7 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
             for o in near:
                 if o in owner:
                     if generated(o) and next_to(op, owner[o]):
-                        return owner[o], tuple(dict.fromkeys(via))
+                        return owner[o], via
                 elif o in g.ops and g.ops[o].kind == "movement" and o not in seen:
                     seen[o] = via
                     queue.append(o)
