@@ -207,3 +207,14 @@ def test_oracle_accuracy_prices_the_committed_strategies(tmp_path):
     assert drifted["vtc_ilp"]["model_us"] is None and drifted["vtc_ilp"]["note"].startswith("drifted")
     write(tmp_path / "out", list(drifted.values()), "test")
     assert "drifted" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_table1_falls_back_to_the_measured_compile_variant(tmp_path):
+    """Where torch.compile's default mode was not measured, Table 1 compares with the max-autotune variant that
+    was (and names it), rather than leaving the peak comparison out."""
+    d = folder(tmp_path, "shufflenet", "shufflenet", [case("shufflenet", 16, "ilp", 10)], [
+        row("shufflenet", 16, "compile_max_autotune_graph", 500, 14),
+        vtc("shufflenet", 16, "ilp", 400, 28)])
+    (t,) = evaluate([d], tmp_path / "eval")["table1"]
+    assert t["compile_variant"] == "compile_max_autotune_graph"
+    assert t["compile_peak_mib"] == pytest.approx(24) and t["peak_reduction"] == pytest.approx(1 - 38 / 24)

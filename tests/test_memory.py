@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from chains import maximal, random_valid_strategy
@@ -66,14 +68,19 @@ def test_reuse_is_bit_identical_and_smaller(layer, which):
 
 
 def test_plan_keeps_what_outlives_a_call(layer):
-    """Inputs, parameters, the KV cache, outputs and folded constants never share."""
+    """Parameters, the KV cache, outputs and folded constants never share; the call's inputs share from the
+    first step on (the call copies them in)."""
     _, g, v = layer
     s = maximal(v)
     from vtcsearch.codegen.inductor import regions
     runs = regions(g, s, g.steps, constant_tensors(g))
     p = memory.plan(g, s, runs, ())
+    copied = memory.copied_inputs(g)
+    assert copied, "the layer's hidden states are a dense input"
     for t, info in g.tensors.items():
-        if info.is_graph_input or info.mutable:
+        if t in copied:
+            assert p.ranges[t][0] == 0, t
+        elif info.is_graph_input or info.mutable:
             assert t not in p.ranges, t   # read before this call writes it, or never written
     keep = set()
     for t in list(g.outputs) + sorted(constant_tensors(g)):
@@ -108,3 +115,66 @@ def test_a_small_storage_does_not_take_a_large_free_block():
         arena.begin(step)
         arena.take(None, (nbytes // 2,), torch.float16)
     assert arena.allocated_bytes == (4 << 20) + (8 << 10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6), st.integers(1, 40)), min_size=1, max_size=25))
+def test_placed_storages_live_together_never_overlap(items):
+    """The slab's offsets: two storages whose live ranges meet never share a byte, and the slab is no larger
+    than all of them side by side, nor smaller than the bytes live at the busiest step."""
+    ranges = {f"s{k}": (lo, lo + span) for k, (lo, span, _) in enumerate(items)}
+    sizes = {f"s{k}": 128 * n for k, (_, _, n) in enumerate(items)}
+    offsets, slab = memory.place(ranges, sizes)
+    names = sorted(ranges)
+    for i, a in enumerate(names):
+        assert 0 <= offsets[a] and offsets[a] + sizes[a] <= slab
+        for b in names[i + 1:]:
+            if ranges[a][0] <= ranges[b][1] and ranges[b][0] <= ranges[a][1]:
+                assert offsets[a] + sizes[a] <= offsets[b] or offsets[b] + sizes[b] <= offsets[a], (a, b)
+    busiest = max(sum(sizes[s] for s in names if ranges[s][0] <= k <= ranges[s][1]) for k in range(19))
+    assert busiest <= slab <= sum(sizes.values())
+
+
+def test_a_chain_fits_in_its_busiest_step():
+    """A chain of activations, each live from its producer to its consumer, needs only the bytes of its busiest
+    step."""
+    sizes = {"a": 4 << 20, "b": 2 << 20, "c": 3 << 20, "d": 1 << 20}
+    ranges = {"a": (0, 1), "b": (1, 2), "c": (2, 3), "d": (3, 4)}
+    _, slab = memory.place(ranges, sizes)
+    assert slab == max(sizes["a"] + sizes["b"], sizes["b"] + sizes["c"], sizes["c"] + sizes["d"])
+
+
+def test_storages_live_together_are_separate_tensors_over_one_slab(layer):
+    """Planned storages are carved from one slab, but each has a PyTorch storage of its own (Inductor treats
+    arguments sharing one as aliases), and two that are live at the same step never share a byte."""
+    w, g, v = layer
+    exe = realize(g, Strategy(v, set()), w.model)
+    p = exe.arena.plan
+    live = [t for t in p.ranges if t in exe.storages]
+    assert len(live) > 2
+    slab = exe.arena._slab
+    spans = {}
+    for t in live:
+        x = exe.storages[t]
+        nbytes = x.numel() * x.element_size()
+        assert x.untyped_storage().nbytes() == nbytes < slab.numel(), t   # its own storage, not the slab's
+        spans[t] = (x.data_ptr(), x.data_ptr() + nbytes)
+        assert slab.data_ptr() <= spans[t][0] and spans[t][1] <= slab.data_ptr() + slab.numel()
+    for a in live:
+        for b in live:
+            (a0, a1), (b0, b1) = p.ranges[a], p.ranges[b]
+            if a < b and a0 <= b1 and b0 <= a1:
+                assert spans[a][1] <= spans[b][0] or spans[b][1] <= spans[a][0], (a, b)
+
+
+def test_without_carving_each_storage_gets_its_own_memory(layer, monkeypatch):
+    """Where no tensor can be carved from the slab (``carve`` gives None), each storage gets memory of its own:
+    more bytes, the same answers."""
+    w, g, v = layer
+    s = random_valid_strategy(v, random.Random(3))
+    _, want = two_calls(w, g, s, reuse=True)
+    monkeypatch.setattr(memory, "carve", lambda *a: None)
+    exe, got = two_calls(w, g, s, reuse=True)
+    for call_got, call_want in zip(got, want):
+        assert all(torch.equal(a, b) for a, b in zip(call_got, call_want))
+    assert exe.allocated_bytes > exe.arena.plan.slab_bytes

@@ -192,10 +192,14 @@ class Executable:
         const = constant_tensors(g)
         runs = regions(g, s, g.steps, const)
         if self.reuse_memory:
-            keep = set(self.storages)   # the module's state and the inputs
+            keep = set(self.storages) - set(memory.copied_inputs(g))   # the module's state
             for t in list(g.outputs) + sorted(const):
                 keep |= set(s.resolve(t).targets())
             self.arena = Arena(self.device, memory.plan(g, s, runs, keep))
+            for t in g.inputs:   # the inputs the plan shares move into the arena (zeros, as above)
+                if self.arena.shares(t):
+                    info = g.tensors[t]
+                    self.storages[t] = self.arena.take(t, info.shape, info.dtype).zero_()
         for k, run in enumerate(runs):
             self.arena.begin(k)
             name = run[0]
