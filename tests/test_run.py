@@ -1067,3 +1067,25 @@ def test_measured_guard_times_the_pick_against_none(monkeypatch):
     assert measured_guard(ctx, {"vtc_ilp": ready["vtc_ilp"]}, "ilp", lambda: None) is None   # none not built
     assert measured_guard(ctx, ready, "ilp", lambda: None, same=True)["kept"] == "ilp"
     assert len(timed) == 1
+
+
+def test_the_precompile_process_captures_without_initializing_cuda(monkeypatch):
+    """torch.export saves the CUDA RNG state whenever a GPU is available, even on the meta device; the spawned
+    precompile process captures under ``cuda_hidden`` so that CUDA stays uninitialized and its compile workers
+    can fork (on the H200 they never did: LiteMLA's profiling search compiled every candidate while timing)."""
+    from experiments.workloads import build_workload
+    from vtcsearch.run import capture_graph, cuda_hidden
+
+    def touched(*a, **k):
+        raise RuntimeError("CUDA was initialized")
+
+    cfg = load_config("configs/tiny.yaml")
+    w = build_workload(cfg.workload.name, size="tiny", device="meta", **cfg.workload.params)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)   # as on a GPU machine
+    monkeypatch.setattr(torch.cuda, "get_rng_state", touched)
+    with pytest.raises(Exception, match="CUDA was initialized"):
+        capture_graph(cfg, w)
+    with cuda_hidden():
+        graph = capture_graph(cfg, w)
+    assert graph.groups
+    assert torch.cuda.is_available()   # restored

@@ -246,7 +246,8 @@ def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | No
                 out[o.name] = rep = {**elsewhere[o.name], "process": "spawned"}
                 ctx.log(f"   prepare ({o.name}) in a spawned process: {rep['candidates']} candidate kernels, "
                         f"{rep['cached']} cached, {rep['compiled']} compiled, {rep['failed']} failed on "
-                        f"{rep['workers']} workers ({rep['seconds']:.1f} s)")
+                        f"{rep['workers']} workers ({rep['seconds']:.1f} s)"
+                        + (f"; {rep['fallback']}" if "fallback" in rep else ""))
                 continue
         rep = dict(o.prepare(vtog))
         if rep.get("to_measure") and not rep.get("workers"):
@@ -308,11 +309,29 @@ def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], ba
         torch.manual_seed(cfg.seed)
         w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=batch, device="meta",
                            dtype=torch_dtype(cfg.dtype), **{**cfg.workload.params, **params})
-        send.send(prepare_oracles(ctx, build_vtog(capture_graph(cfg, w))) or {})
+        with cuda_hidden():   # torch.export saves and restores the CUDA RNG state, which initializes CUDA
+            graph = capture_graph(cfg, w)
+        send.send(prepare_oracles(ctx, build_vtog(graph)) or {})
     except BaseException as e:   # one line back to the runner, which compiles while timing instead
         send.send(first_line(e))
     finally:
         send.close()
+
+
+@contextmanager
+def cuda_hidden() -> Iterator[None]:
+    """``torch.cuda.is_available()`` is False inside: code that would touch the GPU only because one is there
+    leaves CUDA uninitialized.  torch.export's decomposition (AOTAutograd's ``preserve_rng_state``) reads the
+    CUDA RNG state whenever a GPU is available, even for a capture on the meta device; in the precompile
+    process that initialized CUDA, so its workers could not fork and every candidate kernel of a profiling
+    search was compiled while timing (LiteMLA at batch 16 with Inductor candidates: not done in 540 s)."""
+    import torch
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: False
+    try:
+        yield
+    finally:
+        torch.cuda.is_available = available
 
 
 def _cuda_initialized() -> bool:
