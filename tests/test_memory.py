@@ -10,9 +10,9 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
 from chains import maximal, random_valid_strategy
 

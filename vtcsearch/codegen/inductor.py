@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.graph import TensorGraph, kernel_io
+from ..core.graph import TensorGraph, kernel_io, written_back_within
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
@@ -169,8 +169,8 @@ def region_io(ctx: Context, steps: Sequence[str]) -> tuple[list[str], list[str]]
                                      for c in g.tensors[t].consumers if c in ops)]
     produced = {t for o in ops for t in g.ops[o].outputs}
     # a buffer's new value whose writeback runs inside the region: the writeback's output is written instead
-    outs = [t for t in outs if not (t in g.mutations and not g.tensors[t].is_output and
-                                    all(c in ops for c in g.tensors[t].consumers))]
+    inside = set(ops)
+    outs = [t for t in outs if not written_back_within(g, t, inside)]
     eliminated = {t for st in steps if st not in g.groups for t in g.ops[st].outputs   # (a copy's is its own)
                   if ctx.resolve(t).targets() != {t}}
     kept: list[str] = []

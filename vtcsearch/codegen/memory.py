@@ -19,8 +19,8 @@ too, so :func:`place` fixes every shared storage's offset in one slab: largest f
 gap among the storages live at the same time (the "greedy by size" offset planning of inference runtimes).
 A free list of whole blocks, which cannot split or merge them, allocated 23.6 MB on ShuffleNetV2 at batch 16
 where the most intermediate bytes ever live at once are 12.0 MB; the slab is 12.0 MB for them, 14.45 MB
-with the input image.  :class:`Arena` allocates the slab
-at first use and hands scratch out as blocks (best fit among blocks at most twice the request).
+with the input image.  :class:`Arena` allocates the slab at first use and hands scratch out as blocks (best
+fit among blocks at most twice the request).
 Realization records which storages each step really binds and :meth:`Arena.check` refuses an executable in
 which a step touched a storage outside its planned range: a planner bug is an error at build, never a wrong
 answer.
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import numpy as np
 import torch
 
-from ..core.graph import TensorGraph, kernel_io
+from ..core.graph import TensorGraph, kernel_io, written_back_within
 from ..core.mapping import contiguous_strides
 
 if TYPE_CHECKING:
@@ -63,11 +63,10 @@ def step_access(graph: TensorGraph, strategy: "Strategy", run: Sequence[str]) ->
     if run[0] in graph.groups or len(run) > 1:   # a kernel group, or a region (which may open with a copy)
         ops = [o for st in run for o in (graph.groups[st].ops if st in graph.groups else [st])]
         ins, outs = kernel_io(graph, ops)
+        # a buffer's new value whose writeback runs in this step: the buffer is written instead (as
+        # :func:`vtcsearch.codegen.inductor.region_io` does), so the value needs no storage of its own
         inside = set(ops)
-        # a buffer's new value whose writeback runs in this step: the writeback's buffer is written instead
-        # (as :func:`vtcsearch.codegen.inductor.region_io` does), so the value needs no storage of its own
-        outs = [t for t in outs if not (t in graph.mutations and not graph.tensors[t].is_output
-                                        and all(c in inside for c in graph.tensors[t].consumers))]
+        outs = [t for t in outs if not written_back_within(graph, t, inside)]
         for t in ins:
             reads |= storages_of(strategy, t)
         for t in outs:
@@ -147,8 +146,9 @@ def plan(graph: TensorGraph, strategy: "Strategy", runs: Sequence[Sequence[str]]
     The call's dense, unmutated tensor inputs live from the first step (the call copies them in) to their last
     reader.  Other graph inputs and mutable buffers always persist: a step may write only part of them (a KV
     cache row), so a first access that writes does not make the rest of their contents dead."""
-    copied = [t for t in copied_inputs(graph) if t not in set(persistent)]
-    keep = set(persistent) | {t for t, i in graph.tensors.items()
+    persistent = set(persistent)
+    copied = [t for t in copied_inputs(graph) if t not in persistent]
+    keep = persistent | {t for t, i in graph.tensors.items()
                               if (i.is_graph_input or i.mutable) and t not in copied}
     first: dict[str, int] = {t: 0 for t in copied}
     last: dict[str, int] = {t: 0 for t in copied}

@@ -190,6 +190,12 @@ def constant_tensors(graph: TensorGraph) -> set[str]:
     return const
 
 
+def written_back_within(g: TensorGraph, t: str, ops: set[str] | frozenset[str]) -> bool:
+    """``t`` is a buffer's new value whose writeback (and every other reader) is among ``ops``: run together,
+    they write the buffer, and ``t`` itself needs no storage."""
+    return t in g.mutations and not g.tensors[t].is_output and all(c in ops for c in g.tensors[t].consumers)
+
+
 def kernel_io(g: TensorGraph, names: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
     """(inputs, outputs) of the ops ``names`` run as one kernel: tensors read from outside them, and
     tensors read outside them, returned by the program or written back into a buffer."""
