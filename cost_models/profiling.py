@@ -460,6 +460,8 @@ class ProfilingOracle(CostOracle):
             timer = KernelTimer(device, repeats=repeats, warmup=warmup)
         elif timer == "reference":
             timer = ReferenceTimer(device, repeats=repeats, warmup=warmup)
+        elif isinstance(timer, str):
+            raise ValueError(f"unknown timer {timer!r}: 'kernels', 'reference' or a Timer object")
         self.timer = timer
         dev = getattr(self.timer, "device", None) or torch.device(device or "cpu")
         self.device = environment_key(torch.device(dev), self.timer)
@@ -521,14 +523,17 @@ class ProfilingOracle(CostOracle):
         return list(seen.values())
 
     def prepare(self, vtog: Any, workers: int | None = None, max_trees: int = 128,
-                max_configs: int = 1024) -> dict[str, Any]:
+                max_configs: int = 1024, share: tuple[int, int] | None = None) -> dict[str, Any]:
         """List the distinct candidate kernels of a search not yet in the cache and compile them in parallel.
 
         Compilation runs in a pool of ``workers`` forked processes (default: the CPU count) calling
-        ``timer.compile(spec)``; Triton's on-disk cache then makes this process's compile at timing a
-        cache hit.  Forking is only safe before this process touches CUDA; otherwise (or with one
+        ``timer.compile(spec)``; Triton's and Inductor's on-disk caches then make this process's compile at
+        timing a cache hit.  Forking is only safe before this process touches CUDA; otherwise (or with one
         worker, or a timer without ``compile``) nothing is precompiled and timing compiles as it goes.
-        Returns counts: candidates, cached, to_measure, compiled, failed, workers, seconds.
+        ``share=(k, n)``: compile every n-th uncached candidate from the k-th here, in this process (one of n
+        processes that each list the same candidates: :func:`vtcsearch.run.prepare_oracles` on the GPU).
+        Returns counts: candidates, cached, to_measure, compiled, failed, workers, seconds (and the first
+        failure's message).
         """
         t0 = time.perf_counter()
         specs = self.candidate_specs(vtog, max_trees, max_configs)
@@ -537,8 +542,13 @@ class ProfilingOracle(CostOracle):
         compile_ = getattr(self.timer, "compile", None)
         out = {"candidates": len(specs), "cached": len(specs) - len(todo), "to_measure": len(todo),
                "compiled": 0, "failed": 0, "workers": 0}
-        forkable = not (torch.cuda.is_available() and torch.cuda.is_initialized())
-        if compile_ is not None and todo and workers > 1 and forkable:
+        errs: list[str | None] = []
+        if compile_ is not None and share is not None:
+            errs = [_compile(compile_, sp) for sp in todo[share[0]::share[1]]]
+            out["workers"] = 1
+        # not torch.cuda.is_available(): unless PYTORCH_NVML_BASED_CUDA_CHECK=1 it asks the CUDA runtime, which
+        # initializes the driver in this process, and CUDA then fails in every forked worker
+        elif compile_ is not None and todo and workers > 1 and not torch.cuda.is_initialized():
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
             global _PREPARING
@@ -548,9 +558,11 @@ class ProfilingOracle(CostOracle):
                     errs = list(pool.map(_compile_one, range(len(todo)), chunksize=max(1, len(todo) // (8 * workers))))
             finally:
                 _PREPARING = None
-            out["failed"] = sum(e is not None for e in errs)
-            out["compiled"] = len(todo) - out["failed"]
             out["workers"] = min(workers, len(todo))
+        out["failed"] = sum(e is not None for e in errs)
+        out["compiled"] = len(errs) - out["failed"]
+        if out["failed"]:   # timing measures them again (and records why they fail); the log says why here
+            out["first_error"] = next(e for e in errs if e is not None).splitlines()[0][:300]
         out["seconds"] = time.perf_counter() - t0
         return out
 
@@ -631,12 +643,16 @@ def _part(spec: UnitSpec, unit: Any, operands: list, new_storages: Mapping[str, 
 _PREPARING: tuple[Callable[[UnitSpec], Any], list[UnitSpec]] | None = None   # inherited by forked workers
 
 
-def _compile_one(i: int) -> str | None:
-    """Compile candidate ``i`` in a pool worker; the error text if it fails (timing will record it)."""
-    assert _PREPARING is not None
-    compile_, specs = _PREPARING
+def _compile(compile_: Callable[[UnitSpec], Any], spec: UnitSpec) -> str | None:
+    """Compile one candidate; the error text if it fails (timing will record it)."""
     try:
-        compile_(specs[i])
+        compile_(spec)
         return None
     except Exception as e:
         return f"{type(e).__name__}: {e}"
+
+
+def _compile_one(i: int) -> str | None:
+    """Compile candidate ``i`` in a pool worker."""
+    assert _PREPARING is not None
+    return _compile(_PREPARING[0], _PREPARING[1][i])

@@ -523,6 +523,11 @@ def test_prepare_dedups_and_precompiles_in_parallel(tmp_path):
     lines = log.read_text().splitlines()
     assert sorted(ln.split(" ", 1)[1] for ln in lines) == sorted(keys)
     assert os.getpid() not in {int(ln.split(" ", 1)[0]) for ln in lines}
+    log.unlink()
+    shares = [o.prepare(v, share=(k, 3), **caps) for k in range(3)]   # as the runner's spawned processes
+    assert sorted(ln.split(" ", 1)[1] for ln in log.read_text().splitlines()) == sorted(keys)   # each once
+    assert {int(ln.split(" ", 1)[0]) for ln in log.read_text().splitlines()} == {os.getpid()}
+    assert sum(r["compiled"] for r in shares) == len(keys) and all(r["workers"] == 1 for r in shares)
     for u, k in space:                          # the search then measures each distinct key once
         o.unit_cost(acc, u, k)
     assert o.stats.measurements == len(keys) and o.prepare(v, workers=2, **caps)["to_measure"] == 0

@@ -178,3 +178,22 @@ def test_without_carving_each_storage_gets_its_own_memory(layer, monkeypatch):
     for call_got, call_want in zip(got, want):
         assert all(torch.equal(a, b) for a, b in zip(call_got, call_want))
     assert exe.allocated_bytes > exe.arena.plan.slab_bytes
+
+
+@pytest.mark.gpu
+def test_gpu_carved_parts_alias_the_slab_and_survive_a_cuda_graph():
+    """On CUDA a carved part is a tensor over the slab's memory (through ``__cuda_array_interface__``) with its
+    own storage; writes through it land in the slab, also when replayed from a CUDA graph."""
+    slab = torch.zeros(1 << 20, dtype=torch.uint8, device="cuda")
+    a, b = memory.carve(slab, 0, 4096), memory.carve(slab, 8192, 4096)
+    assert a is not None and b is not None
+    assert a.untyped_storage().nbytes() == 4096 and a.data_ptr() == slab.data_ptr()
+    x = b.view(torch.float32)
+    x.fill_(1.5)
+    assert torch.equal(slab[8192:8192 + 4096].view(torch.float32), x)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        a.view(torch.float32).copy_(x * 2)
+    g.replay()
+    torch.cuda.synchronize()
+    assert bool((slab[:4096].view(torch.float32) == 3.0).all())

@@ -216,14 +216,14 @@ def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None 
     return get_oracle(name, objective=objective, **opts)
 
 
-def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | None = None
-                    ) -> dict[str, Any] | None:
+def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | None = None,
+                    share: tuple[int, int] | None = None) -> dict[str, Any] | None:
     """Precompile the candidate kernels of every profiling oracle the solvers search with (its ``prepare``:
     a process pool), before any solver asks for a cost; returns its counts per oracle (None: no profiling).
 
     ``prepare`` forks its workers, which is only safe while this process has not touched CUDA.  On the GPU
-    path the workload is already on the device, so ``case`` (its params and batch) is prepared in a spawned
-    process that captures it on the meta device and forks the workers there (:func:`_prepare_elsewhere`):
+    path the workload is already on the device, so ``case`` (its params and batch) is prepared in spawned
+    processes instead (:func:`_prepare_elsewhere`), each compiling its ``share`` of the candidates:
     Triton's and Inductor's on-disk caches then make this process's compiles at timing hits.  Without
     ``case`` it reports ``workers: 0`` and the kernels are compiled while timing (``fallback`` says so)."""
     from cost_models.profiling import ProfilingOracle
@@ -244,56 +244,89 @@ def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | No
                 elsewhere = _prepare_elsewhere(ctx, *case)
             if o.name in elsewhere:
                 out[o.name] = rep = {**elsewhere[o.name], "process": "spawned"}
-                ctx.log(f"   prepare ({o.name}) in a spawned process: {rep['candidates']} candidate kernels, "
-                        f"{rep['cached']} cached, {rep['compiled']} compiled, {rep['failed']} failed on "
-                        f"{rep['workers']} workers ({rep['seconds']:.1f} s)"
-                        + (f"; {rep['fallback']}" if "fallback" in rep else ""))
+                _log_prepare(ctx, f"({o.name}) in spawned processes", rep)
                 continue
-        rep = dict(o.prepare(vtog))
+        rep = dict(o.prepare(vtog, share=share))
         if rep.get("to_measure") and not rep.get("workers"):
             rep["fallback"] = ("CUDA already initialized in this process: compiled while timing"
                                if _cuda_initialized() else "no parallel compile (one worker or no compile step)")
-        ctx.log(f"   prepare ({o.name}, {o.timer.name}): {rep['candidates']} candidate kernels, {rep['cached']} "
-                f"cached, {rep['compiled']} compiled, {rep['failed']} failed on {rep['workers']} workers "
-                f"({rep['seconds']:.1f} s)" + (f"; {rep['fallback']}" if "fallback" in rep else ""))
+        if share is None:
+            _log_prepare(ctx, f"({o.name}, {o.timer.name})", rep)
         out[o.name] = rep
     return out or None
 
 
+def _log_prepare(ctx: RunContext, label: str, rep: dict[str, Any]) -> None:
+    ctx.log(f"   prepare {label}: {rep['candidates']} candidate kernels, {rep['cached']} cached, "
+            f"{rep['compiled']} compiled, {rep['failed']} failed on {rep['workers']} workers "
+            f"({rep['seconds']:.1f} s)" + (f"; {rep['fallback']}" if "fallback" in rep else "")
+            + (f"; first failure: {rep['first_error']}" if "first_error" in rep else ""))
+
+
 def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> dict[str, Any]:
-    """:func:`prepare_oracles` of one case in a spawned process that never touches CUDA (it captures the case
-    on the meta device), so that its compile workers may fork; {} (and a note) if that process fails."""
+    """:func:`prepare_oracles` of one case in one spawned process per CPU core, each a fresh interpreter that
+    captures the case on the meta device, lists the same candidates and compiles its share of them (a
+    process forked from one that has touched the CUDA driver cannot use CUDA, and capture and Inductor touch
+    it in ways ``torch.cuda.is_initialized()`` does not show; on the H200, forked workers failed on every
+    candidate).  Their counts are summed; {} (and a note) if none of them reports."""
     import multiprocessing as mp
+    import os
+    import signal
     spawn = mp.get_context("spawn")
-    recv, send = spawn.Pipe(duplex=False)
-    p = spawn.Process(target=_prepare_case, args=(ctx.cfg, ctx.device, str(ctx.out), params, batch, send))
-    p.start()
-    send.close()
+    n = max(1, min(os.cpu_count() or 1, 16))
+    t0 = time.perf_counter()
+    procs, pipes = [], []
+    for k in range(n):
+        recv, send = spawn.Pipe(duplex=False)
+        p = spawn.Process(target=_prepare_case, args=(ctx.cfg, ctx.device, str(ctx.out), params, batch, (k, n),
+                                                      send))
+        p.start()
+        send.close()
+        procs.append(p)
+        pipes.append(recv)
+    results: list[Any] = []
     try:
-        res = recv.recv()
-    except EOFError:
-        res = f"the process exited with code {p.exitcode}"
-    finally:
-        p.join(timeout=5)
-        if p.is_alive():      # stopped mid-way (a deadline): the process and its forked workers, all of them
-            import os
-            import signal
+        for p, recv in zip(procs, pipes):
             try:
-                os.killpg(p.pid, signal.SIGKILL)   # its own process group (_prepare_case)
-            except OSError:
-                p.kill()
+                results.append(recv.recv())
+            except EOFError:
+                results.append(f"a compile process exited with code {p.exitcode}")
+    finally:
+        for p in procs:
             p.join(timeout=5)
-    if isinstance(res, str):
-        ctx.notes.append(f"precompiling in a spawned process failed ({res}); kernels were compiled while timing")
+            if p.is_alive():      # stopped mid-way (a deadline): the process and anything it started
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)   # its own process group (_prepare_case)
+                except OSError:
+                    p.kill()
+                p.join(timeout=5)
+    reports = [r for r in results if isinstance(r, dict)]
+    if not reports:
+        ctx.notes.append(f"precompiling in spawned processes failed ({results[0]}); kernels were compiled while "
+                         f"timing")
         ctx.log("   " + ctx.notes[-1])
         return {}
-    return res
+    out: dict[str, Any] = {}
+    for name in reports[0]:
+        parts = [r[name] for r in reports if name in r]
+        rep = {**parts[0], "seconds": time.perf_counter() - t0, "processes": len(parts)}
+        for key in ("compiled", "failed", "workers"):
+            rep[key] = sum(p[key] for p in parts)
+        errors = [p["first_error"] for p in parts if "first_error" in p]
+        if errors:
+            rep["first_error"] = errors[0]
+        elif "first_error" in rep:
+            del rep["first_error"]
+        out[name] = rep
+    return out
 
 
-def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], batch: int, send) -> None:
-    """The spawned process of :func:`_prepare_elsewhere`: the case captured on the meta device, its profiling
-    oracles prepared with forked workers; sends the counts (or the error, as one line).  It leads a process
-    group of its own, so that a runner stopped mid-way can end it with its workers."""
+def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], batch: int,
+                  share: tuple[int, int], send) -> None:
+    """One spawned process of :func:`_prepare_elsewhere`: the case captured on the meta device, its profiling
+    oracles' candidates listed and its ``share`` of them compiled; sends the counts (or the error, as one
+    line).  It leads a process group of its own, so that a runner stopped mid-way can end it with whatever
+    it started (Inductor's compile pool)."""
     import os
     try:
         os.setsid()
@@ -301,37 +334,21 @@ def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], ba
         pass
     try:
         import torch
+        import torch._inductor.config as inductor_config
 
         from experiments.workloads import build_workload
         from vtcsearch.core.vtog import build_vtog
+        inductor_config.compile_threads = 1   # the processes are the parallelism: no pool of its own in each
         ctx = RunContext(cfg, device, Path(out), False, Log(quiet=True))
         ctx.oracle = make_oracle(ctx)
         torch.manual_seed(cfg.seed)
         w = build_workload(cfg.workload.name, size=cfg.workload.size, batch=batch, device="meta",
                            dtype=torch_dtype(cfg.dtype), **{**cfg.workload.params, **params})
-        with cuda_hidden():   # torch.export saves and restores the CUDA RNG state, which initializes CUDA
-            graph = capture_graph(cfg, w)
-        send.send(prepare_oracles(ctx, build_vtog(graph)) or {})
+        send.send(prepare_oracles(ctx, build_vtog(capture_graph(cfg, w)), share=share) or {})
     except BaseException as e:   # one line back to the runner, which compiles while timing instead
         send.send(first_line(e))
     finally:
         send.close()
-
-
-@contextmanager
-def cuda_hidden() -> Iterator[None]:
-    """``torch.cuda.is_available()`` is False inside: code that would touch the GPU only because one is there
-    leaves CUDA uninitialized.  torch.export's decomposition (AOTAutograd's ``preserve_rng_state``) reads the
-    CUDA RNG state whenever a GPU is available, even for a capture on the meta device; in the precompile
-    process that initialized CUDA, so its workers could not fork and every candidate kernel of a profiling
-    search was compiled while timing (LiteMLA at batch 16 with Inductor candidates: not done in 540 s)."""
-    import torch
-    available = torch.cuda.is_available
-    torch.cuda.is_available = lambda: False
-    try:
-        yield
-    finally:
-        torch.cuda.is_available = available
 
 
 def _cuda_initialized() -> bool:
