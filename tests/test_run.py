@@ -447,6 +447,27 @@ def test_a_cpu_run_refuses_a_folder_of_measured_results(tmp_path, capsys, no_run
     assert (out / "summary.json").read_text() == before and sorted(p.name for p in out.iterdir()) == ["summary.json"]
 
 
+def test_append_keeps_each_profile_row_with_the_run_that_measured_it(tiny_run, tmp_path):
+    """``profile.csv`` (and steps, conv layers) rows of an earlier case keep the command and date of the run
+    that measured them when another case is appended; they were stamped with the latest run's command (the
+    committed ShuffleNetV2 batch-1 kernels said ``--batch 16``)."""
+    import shutil
+    _, first = tiny_run
+    out = tmp_path / "prov"
+    shutil.copytree(first, out)
+    s = json.loads((out / "summary.json").read_text())
+    s["profile"] = [{"case": "llama3", "batch": 1, "variant": "vtc_none", "kernel": "k", "calls": 1, "us": 2.0,
+                     "movement": False}]          # as a GPU run records them (no provenance of their own)
+    (out / "summary.json").write_text(json.dumps(s))
+    measured = next(r for r in s["rows"] if r["variant"] == "vtc_none")
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none",
+                 "--batch", "2", "--append"]) == 0
+    with open(out / "profile.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["batch"], r["command"], r["date"]) for r in rows] == [("1", measured["command"], measured["date"])]
+    assert "--batch 2" not in rows[0]["command"]
+
+
 def test_append_on_a_corrupt_summary_is_one_line_naming_the_file(tmp_path, capsys, no_run):
     out = tmp_path / "o"
     out.mkdir()

@@ -24,9 +24,10 @@ def _fmt(x: Any, spec: str = ".1f", none: str = "-") -> str:
 
 def with_provenance(rows: list[dict[str, Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
     """Rows carrying the command, machine and date they were measured with (kept where a row has them:
-    rows of earlier runs appended to a folder keep their own)."""
+    rows of earlier runs appended to a folder keep their own).  ``run``: a summary, or a row that has them."""
     m = run.get("machine")
-    where = f"{m.get('gpu') or m.get('cpu')} (torch {m.get('torch')}, triton {m.get('triton')})" if m else None
+    where = m if isinstance(m, str) or not m else \
+        f"{m.get('gpu') or m.get('cpu')} (torch {m.get('torch')}, triton {m.get('triton')})"
     return [{**r, "command": r.get("command") or run.get("command"), "machine": r.get("machine") or where,
              "date": r.get("date") or run.get("date")} for r in rows]
 
@@ -74,8 +75,9 @@ def write_all(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, An
     for key, fields in (("steps", STEP_FIELDS), ("conv_layers", CONV_FIELDS), ("profile", PROFILE_FIELDS)):
         if summary.get(key) or summary["config"].get("breakdown", {}).get(key):
             with atomic_path(out / f"{key}.csv") as tmp:
-                pd.DataFrame(with_provenance([{f: r.get(f) for f in fields} for r in summary.get(key, [])], summary),
-                             columns=list(fields) + ["command", "machine", "date"]).to_csv(tmp, index=False)
+                prov = ("command", "machine", "date")   # a row's own, where an earlier --append run wrote it
+                pd.DataFrame(with_provenance([{f: r.get(f) for f in fields + prov} for r in summary.get(key, [])],
+                                             summary), columns=list(fields + prov)).to_csv(tmp, index=False)
             files[f"{key}_csv"] = f"{key}.csv"
     files.update(write_plots(out, summary))
     files["vtog"] = sorted(str(p.relative_to(out)) for p in (out / "vtog").glob("*")) if (out / "vtog").exists() else []

@@ -1161,8 +1161,11 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
     summary["rows"] = report.with_provenance([r for r in old["rows"] if keep_row(r)], old)   # the old run's,
     summary["numerics"] = report.with_provenance(                                         # where a row has none
         [r for r in old["numerics"] if keep(r) or r.get("solver") not in solver_redo], old)
+    measured_by = {(r["case"], r["batch"], r["variant"]): r for r in summary["rows"]}   # each with its run's
     for key in ("steps", "conv_layers", "profile"):   # in place: the run context appends to these lists
-        summary[key][:0] = [r for r in old.get(key, []) if keep_row(r)]
+        summary[key][:0] = [report.with_provenance([r], measured_by.get((r["case"], r["batch"], r.get("variant")),
+                                                                        old))[0]
+                            for r in old.get(key, []) if keep_row(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
     earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
     summary["runs"][:0] = earlier
