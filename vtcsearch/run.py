@@ -265,10 +265,10 @@ def _log_prepare(ctx: RunContext, label: str, rep: dict[str, Any]) -> None:
 
 def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> dict[str, Any]:
     """:func:`prepare_oracles` of one case in one spawned process per CPU core, each a fresh interpreter that
-    captures the case on the meta device, lists the same candidates and compiles its share of them (a
-    process forked from one that has touched the CUDA driver cannot use CUDA, and capture and Inductor touch
-    it in ways ``torch.cuda.is_initialized()`` does not show; on the H200, forked workers failed on every
-    candidate).  Their counts are summed; {} (and a note) if none of them reports."""
+    captures the case on the meta device, lists the same candidates and compiles its share of them.  Nothing
+    forks: on the H200, workers forked from the one precompile process failed on every candidate with a CUDA
+    initialization error, though ``torch.cuda.is_initialized()`` was False before the fork.  Their counts are
+    summed; {} (and a note) if none of them reports."""
     import multiprocessing as mp
     import os
     import signal
@@ -312,11 +312,9 @@ def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> d
         rep = {**parts[0], "seconds": time.perf_counter() - t0, "processes": len(parts)}
         for key in ("compiled", "failed", "workers"):
             rep[key] = sum(p[key] for p in parts)
-        errors = [p["first_error"] for p in parts if "first_error" in p]
-        if errors:
+        errors = [p["first_error"] for p in parts if "first_error" in p] + [r for r in results if isinstance(r, str)]
+        if errors:                   # a process that failed outright compiled nothing of its share
             rep["first_error"] = errors[0]
-        elif "first_error" in rep:
-            del rep["first_error"]
         out[name] = rep
     return out
 
