@@ -1062,20 +1062,20 @@ class Accounting:
         return rec(t, frozenset()), complete[0]
 
     def configuration_space(self, max_trees: int = 128, max_configs: int = 1024) -> list[tuple[Unit, tuple[str, ...]]]:
-        """Every (unit, configuration) a search over this VTOG may ask about: each unit's tensors' maps
-        over their resolution trees (at most ``max_trees`` per tensor, ``max_configs`` per unit), the
-        enumeration the ILP prices."""
+        """Every (unit, configuration) a search over this VTOG may ask about, the enumeration the ILP prices:
+        each kernel's own tensors' maps over their resolution trees (at most ``max_trees`` per tensor,
+        ``max_configs`` per unit, capped as :func:`cap_configurations` does), and each copy a kernel may
+        fuse on physical maps (what :meth:`CostOracle._fused_cost` asks)."""
         keys: dict[str, list[str]] = {}
         for t in sorted(self.nodes):
             trees, _ = self.enumerate_trees(t, max_trees)
             keys[t] = list(dict.fromkeys(self.key_of(t, tid) for tid in trees))
         out: list[tuple[Unit, tuple[str, ...]]] = []
-        for u in self.units:
-            ks = [keys.get(t, [self.key_of(t, PHYS)]) for t in u.tensors]
-            while math.prod(len(k) for k in ks) > max_configs:
-                i = max(range(len(ks)), key=lambda j: len(ks[j]))
-                ks[i] = ks[i][:-1]
+        for unit in self.units:
+            u = unit.without_fusion()
+            ks, _ = cap_configurations([keys.get(t, [self.key_of(t, PHYS)]) for t in u.tensors], max_configs)
             out.extend((u, tuple(c)) for c in itertools.product(*ks))
+            out.extend((cu, tuple(self.key_of(t, PHYS) for t in cu.tensors)) for cu in unit.fuses)
         return out
 
     # -- maps -----------------------------------------------------------------
@@ -1392,6 +1392,29 @@ class Accounting:
             diff[a + 1] += size
             diff[hi[s] + 2] -= size
         return int(self.const_bytes + np.cumsum(diff).max())
+
+
+def cap_configurations(ks: Sequence[Sequence[str]], max_configs: int,
+                       keep: Sequence[Iterable[str]] = ()) -> tuple[list[list[str]], list[tuple[int, str]]]:
+    """A unit's maps per tensor (``ks``, smallest tree first) cut to at most ``max_configs`` combinations, and
+    the (position, map) pairs dropped.
+
+    Maps go from the largest tensor's list, last first; each tensor keeps its physical map (the first), its
+    largest tree (every movement op around it eliminated: a repeat_kv chain read by attention straight from
+    the cache, which dropping first lost for a Llama decoder) and the maps in ``keep[i]``."""
+    ks = [list(k) for k in ks]
+    dropped: list[tuple[int, str]] = []
+    if math.prod(len(k) for k in ks) <= max_configs:
+        return ks, dropped
+    kept = [{k[0], k[-1], *(keep[i] if i < len(keep) else ())} for i, k in enumerate(ks)]
+    while math.prod(len(k) for k in ks) > max_configs:
+        i = max(range(len(ks)), key=lambda j: len(ks[j]))
+        drop = next((k for k in reversed(ks[i]) if k not in kept[i]), None)
+        if drop is None:
+            break
+        ks[i].remove(drop)
+        dropped.append((i, drop))
+    return ks, dropped
 
 
 def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: list[Unit]) -> list[Unit]:

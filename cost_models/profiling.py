@@ -468,6 +468,11 @@ class ProfilingOracle(CostOracle):
         self.store = MeasurementStore(db, keep_specs)
         self.store.set_meta(device=self.device, timer=self.timer.name, torch=torch.__version__)
         self.repeats = repeats
+        # progress(line) every ``progress_s`` of measuring (the runner logs it): where a long search spends it
+        self.progress: Callable[[str], None] | None = None
+        self.progress_s = 30.0
+        self._since_report: tuple[float, int] | None = None   # (when, measurements) at the last line
+        self._slowest = (0.0, "")
 
     def measure(self, spec: UnitSpec) -> UnitCost:
         """An Inductor unit is timed in parts (:func:`dense_parts`): its compiled kernel once per layout of its
@@ -493,6 +498,7 @@ class ProfilingOracle(CostOracle):
             sec, ok, err = hit
             return UnitCost(sec if ok else math.inf, feasible=ok, detail={"error": err} if err else {})
         self.stats.measurements += 1
+        t0 = time.perf_counter()
         try:
             sec, ok, err = float(self.timer(spec)), True, None
         except Exception as e:  # a configuration that cannot run: counted, stored as infeasible
@@ -500,8 +506,25 @@ class ProfilingOracle(CostOracle):
                 raise           # out of memory, timeout: the base counts it and caches nothing
             err = self.record_error(spec.unit, e)
             sec, ok = math.inf, False
+        self._report(time.perf_counter() - t0, spec)
         self.store.put(key, self.timer.name, self.device, sec, ok, err, spec.kind, spec.unit.name, self.repeats)
         return UnitCost(sec if ok else math.inf, feasible=ok, detail={"error": err} if err else {})
+
+    def _report(self, took: float, spec: UnitSpec) -> None:
+        """Count one measurement that took ``took`` seconds (compiling included); a progress line when due."""
+        if took > self._slowest[0]:
+            self._slowest = (took, f"{spec.kind} {spec.unit.name} ({spec.impl})")
+        if self.progress is None:
+            return
+        now = time.perf_counter()
+        if self._since_report is None:
+            self._since_report = (now - took, self.stats.measurements - 1)
+        when, n = self._since_report
+        if now - when >= self.progress_s:
+            self.progress(f"measured {self.stats.measurements - n} kernels in the last {now - when:.0f} s "
+                          f"({self.stats.measurements} in all, {self.stats.cache_hits} cached); slowest so far: "
+                          f"{self._slowest[1]}, {self._slowest[0]:.1f} s")
+            self._since_report = (now, self.stats.measurements)
 
     # -- preparing a search ----------------------------------------------------------------------
     def candidate_specs(self, vtog: Any, max_trees: int = 128, max_configs: int = 1024) -> list[UnitSpec]:
@@ -528,8 +551,8 @@ class ProfilingOracle(CostOracle):
 
         Compilation runs in a pool of ``workers`` forked processes (default: the CPU count) calling
         ``timer.compile(spec)``; Triton's and Inductor's on-disk caches then make this process's compile at
-        timing a cache hit.  Forking is only safe before this process touches CUDA; otherwise (or with one
-        worker, or a timer without ``compile``) nothing is precompiled and timing compiles as it goes.
+        timing a cache hit.  CUDA does not survive a fork, so for a GPU timer (or with one worker, or a timer
+        without ``compile``) nothing is precompiled here and timing compiles as it goes.
         ``share=(k, n)``: compile every n-th uncached candidate from the k-th here, in this process (one of n
         processes that each list the same candidates: :func:`vtcsearch.run.prepare_oracles` on the GPU).
         Returns counts: candidates, cached, to_measure, compiled, failed, workers, seconds (and the first
@@ -546,9 +569,10 @@ class ProfilingOracle(CostOracle):
         if compile_ is not None and share is not None:
             errs = [_compile(compile_, sp) for sp in todo[share[0]::share[1]]]
             out["workers"] = 1
-        # not torch.cuda.is_available(): unless PYTORCH_NVML_BASED_CUDA_CHECK=1 it asks the CUDA runtime, which
-        # initializes the driver in this process, and CUDA then fails in every forked worker
-        elif compile_ is not None and todo and workers > 1 and not torch.cuda.is_initialized():
+        # never forked for a GPU: on the H200 and the H100 every forked worker failed with "CUDA error:
+        # initialization error" even while torch.cuda.is_initialized() was False (the driver can be initialized
+        # under torch, by Triton); the runner compiles a GPU search in spawned processes instead (share)
+        elif compile_ is not None and todo and workers > 1 and not self._on_gpu():
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
             global _PREPARING
@@ -565,6 +589,10 @@ class ProfilingOracle(CostOracle):
             out["first_error"] = next(e for e in errs if e is not None).splitlines()[0][:300]
         out["seconds"] = time.perf_counter() - t0
         return out
+
+    def _on_gpu(self) -> bool:
+        dev = getattr(self.timer, "device", None)
+        return (torch.device(dev).type if dev is not None else "cpu") == "cuda" or torch.cuda.is_initialized()
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "timer": self.timer.name, "device": self.device, "db": self.store.path}

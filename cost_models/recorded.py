@@ -37,7 +37,8 @@ class RecordedOracle(CostOracle):
         self.path, self.on_missing = str(path), on_missing
         conn = sqlite3.connect(self.path)
         pairs = conn.execute("SELECT DISTINCT timer, device FROM measurements").fetchall()
-        want = [(t, d) for t, d in pairs if (timer is None or t == timer) and (device is None or d == device)]
+        # device: the stored environment key, or its start ('cuda:NVIDIA H200': that GPU, any versions)
+        want = [(t, d) for t, d in pairs if (timer is None or t == timer) and (device is None or d.startswith(device))]
         if len(want) != 1:
             raise ValueError(f"{path} holds measurements for {pairs}; pass timer= and device= to pick one"
                              if want else f"{path} has no measurements for timer={timer} device={device}: {pairs}")

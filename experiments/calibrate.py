@@ -155,9 +155,10 @@ FIT: tuple[tuple[str, str, float, float], ...] = (
 
 def joined_rows(config_paths: list[str], db: str, cases: list[str] | None = None,
                 batches: list[int] | None = None, max_trees: int = 128,
-                max_configs: int = 1024) -> tuple[list[dict[str, Any]], int]:
-    """Every (unit, configuration, implementation) of the configs' searches that ``db`` measured, as
-    ``{case, unit, kind, impl, spec, seconds}`` (one row per measurement key), and how many were missing."""
+                max_configs: int = 1024, device: str = "") -> tuple[list[dict[str, Any]], int]:
+    """Every (unit, configuration, implementation) of the configs' searches that ``db`` measured on a device
+    whose key starts with ``device`` (``"cuda:NVIDIA H200"``), as ``{case, unit, kind, impl, spec, seconds}``
+    (one row per measurement key), and how many were missing."""
     import sqlite3
 
     from cost_models import AnalyticalOracle
@@ -169,7 +170,8 @@ def joined_rows(config_paths: list[str], db: str, cases: list[str] | None = None
     from vtcsearch.run import case_label
 
     conn = sqlite3.connect(db)
-    table = {k: s for k, s, f in conn.execute("SELECT key, seconds, feasible FROM measurements") if f and s}
+    table = {k: s for k, s, f, d in conn.execute("SELECT key, seconds, feasible, device FROM measurements")
+             if f and s and d.startswith(device)}
     conn.close()
     rows: list[dict[str, Any]] = []
     seen: set[str] = set()
@@ -306,7 +308,7 @@ def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
     """``--from-db``: fit the analytical model to committed measurements (no GPU)."""
     hw0 = Hardware.preset(a.hardware, calibrated=False)
     cases = [c.strip() for c in a.cases.split(",")] if a.cases else None
-    rows, missing = joined_rows(a.configs, a.from_db, cases, a.batch)
+    rows, missing = joined_rows(a.configs, a.from_db, cases, a.batch, device=f"cuda:NVIDIA {a.hardware}")
     if not rows:
         print(f"no measurement of {a.from_db} matches the configs' candidate kernels", file=sys.stderr)
         return 2

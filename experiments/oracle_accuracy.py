@@ -144,9 +144,15 @@ def predict(folders: Sequence[Path], log=print) -> list[dict[str, Any]]:
         for summary, case, r in measured_rows(folder):
             row = {"folder": str(folder), "case": r["case"], "batch": r["batch"], "variant": r["variant"],
                    "measured_us": r["measured_latency_us"], "recorded_us": r.get("predicted_latency_us"),
-                   "recorded_oracle": summary.get("oracle", {}).get("oracle"), "run_date": r.get("date"),
+                   # the oracle that searched: the entry's own (``ilp@analytical``) or the run's
+                   "recorded_oracle": (r["variant"].partition("@")[2].partition(":")[0]
+                                       or summary.get("oracle", {}).get("oracle")), "run_date": r.get("date"),
                    "run_command": r.get("command"), "model_us": None, "note": ""}
             out.append(row)
+            hw, machine = summary["config"].get("hardware") or "H200", str(r.get("machine") or "")
+            if machine and hw not in machine:   # an H100 run says nothing about the H200 model
+                row["note"] = f"measured on another GPU ({machine.split(' (')[0]}): not set against the {hw} model"
+                continue
             key = (str(folder), case["id"])
             if key not in built:
                 try:

@@ -70,7 +70,7 @@ from dataclasses import replace
 from typing import Any
 
 from cost_models import CostOracle
-from cost_models.accounting import PHYS, LocalStrategy
+from cost_models.accounting import PHYS, LocalStrategy, cap_configurations
 from vtcsearch.core.implementation import INDUCTOR
 from vtcsearch.core.strategy import StrategyError
 from vtcsearch.core.vtog import VTOG
@@ -525,33 +525,17 @@ def configuration_space(vtog: VTOG, oracle: CostOracle, max_trees: int = 128,
 
 def _cap_configs(u, ks: list[list[str]], max_configs: int, wvar, m, info,
                  protected: dict[str, str]) -> list[list[str]]:
-    """Keep a unit's configurations under ``max_configs`` by dropping the maps of the largest trees.
-
-    Maps come smallest tree first; a dropped map is forbidden for its tensor
-    everywhere (the search space shrinks, every solution stays valid), and the
-    result is no longer proven optimal.  Each tensor keeps its physical map, the
-    greedy warm start's (``protected``) and its largest tree, every movement op
-    around it eliminated (a repeat_kv chain read by attention straight from the
-    cache): dropping that one first lost the best strategy of a Llama decoder
-    whenever greedy had not found it.
-    """
-    if math.prod(len(k) for k in ks) <= max_configs:
-        return ks
-    ks = [list(k) for k in ks]
-    largest = [k[-1] for k in ks]
-    while math.prod(len(k) for k in ks) > max_configs:
-        i = max(range(len(ks)), key=lambda j: len(ks[j]))
-        keep = {ks[i][0], largest[i], protected.get(u.tensors[i])}
-        drop = next((k for k in reversed(ks[i]) if k not in keep), None)
-        if drop is None:
-            break
-        ks[i].remove(drop)
-        k = drop
+    """Keep a unit's configurations under ``max_configs`` (:func:`cost_models.accounting.cap_configurations`,
+    keeping the greedy warm start's maps, ``protected``); a dropped map is forbidden for its tensor everywhere
+    (the search space shrinks, every solution stays valid), and the result is no longer proven optimal."""
+    ks, dropped = cap_configurations(ks, max_configs, [[protected[t]] if t in protected else [] for t in u.tensors])
+    for i, k in dropped:
         lit = wvar[u.tensors[i], k]
         if not isinstance(lit, int):
             m.add(lit == 0)
-    info["complete"] = False
-    info.setdefault("capped_units", []).append(u.name)
+    if dropped or math.prod(len(k) for k in ks) > max_configs:
+        info["complete"] = False
+        info.setdefault("capped_units", []).append(u.name)
     return ks
 
 

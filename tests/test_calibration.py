@@ -1,7 +1,8 @@
 """The analytical model against the committed H200 measurements (issue 12 item 2, issue 13 item 5).
 
 ``results/vision_blocks/measurements.sqlite`` holds the profiling oracle's H200 timings of every candidate
-kernel and copy of EfficientViT-B1's LiteMLA block (bs 1, fp16, 1024x2048); the recorded oracle replays
+kernel and copy of EfficientViT-B1's LiteMLA block (bs 1, fp16, 1024x2048; beside H100 timings of bs 16,
+which carry another device key); the recorded oracle replays
 them on the CPU.  The analytical model, calibrated from them (``cost_models/calibration/H200.json``,
 ``python -m experiments.calibrate --from-db``), must choose a strategy the H200 agrees with.
 """
@@ -30,7 +31,7 @@ def litemla():
 
 @pytest.fixture(scope="module")
 def recorded_optimum(litemla):
-    rec = get_oracle("recorded", path=DB, on_missing="error", implementations=IMPLS)
+    rec = get_oracle("recorded", path=DB, device="cuda:NVIDIA H200", on_missing="error", implementations=IMPLS)
     return rec, get_solver("ilp")(litemla, rec, budget=60)
 
 

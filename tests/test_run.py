@@ -1033,7 +1033,7 @@ def _profiling_case(tmp_path, device: str, **oracle_options):
 
 
 def test_a_gpu_run_precompiles_in_a_spawned_process(tmp_path, monkeypatch):
-    """Once CUDA is initialized the profiling oracle's compile workers cannot fork; the runner then prepares
+    """On the GPU the profiling oracle's compile workers cannot fork; the runner then prepares
     the case in spawned processes that each capture it on the meta device, count the same candidates as
     this process would and compile a share of them (together, each once).  Processes that fail leave a note
     and the in-process fallback."""
@@ -1041,7 +1041,7 @@ def test_a_gpu_run_precompiles_in_a_spawned_process(tmp_path, monkeypatch):
 
     ctx, params, vtog = _profiling_case(tmp_path, "cpu")
     here = run.prepare_oracles(ctx, vtog)["profiling"]
-    monkeypatch.setattr(run, "_cuda_initialized", lambda: True)     # as on the GPU path (not in the child)
+    monkeypatch.setattr(run, "_gpu_run", lambda ctx: True)     # as on the GPU path (not in the child)
     there = run.prepare_oracles(ctx, vtog, (params, 1))["profiling"]
     assert there["process"] == "spawned" and "process" not in here
     assert there["candidates"] == here["candidates"] > 0

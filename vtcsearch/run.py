@@ -204,7 +204,9 @@ def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None 
         if ctx.device == "cuda":
             opts.setdefault("device", "cuda")
         try:
-            return get_oracle("profiling", objective=objective, **opts)
+            o = get_oracle("profiling", objective=objective, **opts)
+            o.progress = lambda line: ctx.log(f"   search: {line}")
+            return o
         except Exception as e:
             if cfg.oracle != "auto":
                 raise
@@ -221,8 +223,8 @@ def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | No
     """Precompile the candidate kernels of every profiling oracle the solvers search with (its ``prepare``:
     a process pool), before any solver asks for a cost; returns its counts per oracle (None: no profiling).
 
-    ``prepare`` forks its workers, which is only safe while this process has not touched CUDA.  On the GPU
-    path the workload is already on the device, so ``case`` (its params and batch) is prepared in spawned
+    ``prepare`` forks its workers, which CUDA does not survive.  On the GPU
+    path ``case`` (its params and batch) is therefore prepared in spawned
     processes instead (:func:`_prepare_elsewhere`), each compiling its ``share`` of the candidates:
     Triton's and Inductor's on-disk caches then make this process's compiles at timing hits.  Without
     ``case`` it reports ``workers: 0`` and the kernels are compiled while timing (``fallback`` says so)."""
@@ -239,7 +241,7 @@ def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | No
         if not isinstance(o, ProfilingOracle) or id(o) in seen or split_solver(name)[0] in ("none", "all"):
             continue
         seen.add(id(o))
-        if case is not None and _cuda_initialized():
+        if case is not None and _gpu_run(ctx):
             if elsewhere is None:
                 elsewhere = _prepare_elsewhere(ctx, *case)
             if o.name in elsewhere:
@@ -248,8 +250,8 @@ def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | No
                 continue
         rep = dict(o.prepare(vtog, share=share))
         if rep.get("to_measure") and not rep.get("workers"):
-            rep["fallback"] = ("CUDA already initialized in this process: compiled while timing"
-                               if _cuda_initialized() else "no parallel compile (one worker or no compile step)")
+            rep["fallback"] = ("a GPU oracle forks no compile workers: compiled while timing" if ctx.measured
+                               else "no parallel compile (one worker or no compile step)")
         if share is None:
             _log_prepare(ctx, f"({o.name}, {o.timer.name})", rep)
         out[o.name] = rep
@@ -349,9 +351,9 @@ def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], ba
         send.close()
 
 
-def _cuda_initialized() -> bool:
-    import torch
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
+def _gpu_run(ctx: RunContext) -> bool:
+    """Whether this run times on the GPU (its oracles then fork no compile workers: CUDA does not survive a fork)."""
+    return ctx.measured
 
 
 def solve_all(ctx: RunContext, vtog, what: str) -> dict[str, Any]:
@@ -658,8 +660,9 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     # pictures of the chosen points-to graphs
     ok_names = [n for n in results if n in evals]
     if ok_names:
-        # objectives of entries searching another objective (``ilp:mix``) are not comparable
-        same = [n for n in ok_names if solver_objective(n) in (None, cfg.objective)] or ok_names
+        # the objectives of entries searching another objective (``ilp:mix``) or with another oracle
+        # (``ilp@analytical`` beside a profiling search, which predicts other times) are not comparable
+        same = [n for n in ok_names if ctx.oracle_for(n) is ctx.oracle] or ok_names
         case["best_solver"] = min(same, key=lambda n: evals[n].objective)
     if ok_names and cfg.draw != "none":
         best = case["best_solver"]
