@@ -432,6 +432,8 @@ class TrafficModel:
         self._affine: dict[tuple, tuple[int, float, int]] = {}
         self._by_pieces: dict[tuple, Traffic] = {}               # map signature -> traffic
         self._by_piece: dict[tuple, Traffic | None] = {}         # piece signature -> traffic
+        self._fractions: dict[tuple, float] = {}                 # (region, predicates) -> share kept
+        self._distinct: dict[tuple, int] = {}                    # (offset, region) -> distinct offsets
 
     def access(self, m: IndexMap, itemsize: int, strides: Mapping[str, Sequence[int]],
                write: bool = False) -> Traffic:
@@ -599,6 +601,15 @@ class TrafficModel:
         return res
 
     def _cond_fraction(self, p: Piece, sample: int = 4096) -> float:
+        """The share of ``p``'s region its predicates keep, from a fixed sample (memoized per region and
+        predicates: the pieces of one concat or pad share them, whatever their index)."""
+        key = (p.region, p.conds, sample)
+        hit = self._fractions.get(key)
+        if hit is None:
+            hit = self._fractions[key] = self._sample_fraction(p, sample)
+        return hit
+
+    def _sample_fraction(self, p: Piece, sample: int) -> float:
         rng = np.random.default_rng(0)
         env: dict[str, Any] = {f"i{k}": rng.integers(lo, hi, sample) for k, (lo, hi) in enumerate(p.region)}
         for c, _, _ in p.conds:
@@ -610,6 +621,15 @@ class TrafficModel:
         return float(mask.mean())
 
     def _distinct_estimate(self, off: Expr, region) -> int:
+        """How many distinct offsets ``off`` takes over ``region`` (memoized: pieces of other storages or
+        predicates share it)."""
+        key = (off, region)
+        hit = self._distinct.get(key)
+        if hit is None:
+            hit = self._distinct[key] = self._estimate_distinct(off, region)
+        return hit
+
+    def _estimate_distinct(self, off: Expr, region) -> int:
         ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(region)}
         # variables coupled through one non-linear atom form a group
         parent = {v: v for v in ext}

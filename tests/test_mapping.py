@@ -88,6 +88,25 @@ def test_compose_collapses_a_chain_and_simplify_merges_dims():
     assert v2.is_identity_layout()
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 6))
+def test_compiled_evaluation_equals_the_interpreter(seed, length):
+    """``evaluate`` runs an expression as generated Python code; on every index and predicate of random
+    movement chains it gives the interpreter's values (runtime scalars at their lower bound)."""
+    import numpy as np
+    from vtcsearch.core.expr import _compiled, evaluate, interpret
+    c = random_chain(seed, length)
+    for p in c.map.pieces:
+        grid = np.meshgrid(*[np.arange(lo, hi) for lo, hi in p.region], indexing="ij")
+        for e in list(p.index) + [ce for ce, _, _ in p.conds]:
+            if e.has_lookup():
+                assert _compiled(e) is None
+                continue
+            env = {f"i{k}": g for k, g in enumerate(grid)} | {s.name: s.lo for s in e.syms()}
+            assert _compiled(e) is not None
+            assert np.array_equal(np.asarray(evaluate(e, env)), np.asarray(interpret(e, env))), e
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_simplify_keeps_the_value_of_div_and_mod(data):

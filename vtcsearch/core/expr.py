@@ -485,10 +485,60 @@ def _find_merge(terms: dict[Atom, int]) -> tuple[list[Atom], Expr] | None:
 
 def evaluate(e: Expr, env: Mapping[str, np.ndarray | int],
              tables: Mapping[str, np.ndarray] | None = None) -> np.ndarray | int:
-    """Evaluate on (broadcastable) integer arrays; ``env`` holds vars and syms by name."""
+    """Evaluate on (broadcastable) integer arrays; ``env`` holds vars and syms by name.
+
+    An expression without index tensors runs as Python code generated once per expression
+    (:func:`_compiled`, the same operators in the same order as the interpreter below): the cost model
+    evaluates the same predicates and offsets over thousands of sample points, query after query."""
+    f = _compiled(e)
+    if f is not None:
+        try:
+            return f(env)
+        except KeyError:   # a missing variable: the interpreter says which
+            pass
+    return interpret(e, env, tables)
+
+
+def interpret(e: Expr, env: Mapping[str, np.ndarray | int],
+              tables: Mapping[str, np.ndarray] | None = None) -> np.ndarray | int:
+    """:func:`evaluate` by walking the expression (index tensors included)."""
     out = e.const
     for a, c in e.terms:
         out = out + c * _eval_atom(a, env, tables or {})
+    return out
+
+
+_COMPILED: dict[Expr, Callable | None] = {}
+
+
+def _compiled(e: Expr) -> Callable | None:
+    """``e`` as a Python function of ``env`` (None with an index tensor: those take the interpreter)."""
+    f = _COMPILED.get(e, _compiled)
+    if f is _compiled:
+        f = None
+        if not e.has_lookup():
+            try:
+                f = eval(f"lambda env: {_source(e)}", {})   # noqa: S307 (our own arithmetic, no input text)
+            except (RecursionError, MemoryError, SyntaxError):   # too deeply nested to compile: interpreted
+                f = None
+        if len(_COMPILED) > 1 << 16:
+            _COMPILED.clear()
+        _COMPILED[e] = f
+    return f
+
+
+def _source(e: Expr) -> str:
+    out = repr(e.const)
+    for a, c in e.terms:
+        if isinstance(a, (Var, Sym)):
+            code = f"env[{a.name!r}]"
+        elif isinstance(a, FloorDiv):
+            code = f"({_source(a.arg)} // {a.div})"
+        elif isinstance(a, Mod):
+            code = f"({_source(a.arg)} % {a.div})"
+        else:
+            raise TypeError(a)
+        out = f"({out} + {c} * {code})"
     return out
 
 
@@ -500,9 +550,9 @@ def _eval_atom(a: Atom, env, tables):
             raise KeyError(f"no value for {kind} {a.name!r}")
         return env[a.name]
     if isinstance(a, FloorDiv):
-        return evaluate(a.arg, env, tables) // a.div
+        return interpret(a.arg, env, tables) // a.div
     if isinstance(a, Mod):
-        return evaluate(a.arg, env, tables) % a.div
+        return interpret(a.arg, env, tables) % a.div
     if isinstance(a, Lookup):
         if a.table not in tables:
             raise KeyError(f"no index tensor {a.table!r} for an indirect map")
