@@ -570,8 +570,8 @@ class ProfilingOracle(CostOracle):
             errs = [_compile(compile_, sp) for sp in todo[share[0]::share[1]]]
             out["workers"] = 1
         # never forked for a GPU: on the H200 and the H100 every forked worker failed with "CUDA error:
-        # initialization error" even while torch.cuda.is_initialized() was False (the driver can be initialized
-        # under torch, by Triton); the runner compiles a GPU search in spawned processes instead (share)
+        # initialization error", once while torch.cuda.is_initialized() was False in the parent; the runner
+        # compiles a GPU search in spawned processes instead (share)
         elif compile_ is not None and todo and workers > 1 and not self._on_gpu():
             import multiprocessing as mp
             from concurrent.futures import ProcessPoolExecutor
@@ -591,6 +591,7 @@ class ProfilingOracle(CostOracle):
         return out
 
     def _on_gpu(self) -> bool:
+        """Whether this oracle times on a GPU, or CUDA is up in this process (then nothing may fork)."""
         dev = getattr(self.timer, "device", None)
         return (torch.device(dev).type if dev is not None else "cpu") == "cuda" or torch.cuda.is_initialized()
 
