@@ -508,22 +508,24 @@ def interpret(e: Expr, env: Mapping[str, np.ndarray | int],
     return out
 
 
-_COMPILED: dict[Expr, Callable | None] = {}
+_COMPILED: dict[Expr, Callable | None] = {}   # None: interpreted (index tensors, or too deep to compile)
+_UNCOMPILED = object()                         # not yet in _COMPILED
 
 
 def _compiled(e: Expr) -> Callable | None:
     """``e`` as a Python function of ``env`` (None with an index tensor: those take the interpreter)."""
-    f = _COMPILED.get(e, _compiled)
-    if f is _compiled:
-        f = None
-        if not e.has_lookup():
-            try:
-                f = eval(f"lambda env: {_source(e)}", {})   # noqa: S307 (our own arithmetic, no input text)
-            except (RecursionError, MemoryError, SyntaxError):   # too deeply nested to compile: interpreted
-                f = None
-        if len(_COMPILED) > 1 << 16:
-            _COMPILED.clear()
-        _COMPILED[e] = f
+    f = _COMPILED.get(e, _UNCOMPILED)
+    if f is not _UNCOMPILED:
+        return f
+    f = None
+    if not e.has_lookup():
+        try:
+            f = eval(f"lambda env: {_source(e)}", {})   # noqa: S307 (our own arithmetic, no input text)
+        except (RecursionError, MemoryError, SyntaxError):   # too deeply nested to compile: interpreted
+            f = None
+    if len(_COMPILED) > 1 << 16:
+        _COMPILED.clear()
+    _COMPILED[e] = f
     return f
 
 
