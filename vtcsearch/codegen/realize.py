@@ -44,7 +44,7 @@ from .library import has_epilogue, lower_as
 from .lowering import Context, Launch
 from . import memory
 from .memory import Arena
-from .timing import side_stream
+from .timing import capture_graph, side_stream
 from ..core.strategy import Strategy
 
 __all__ = ["Executable", "PlannedCopy", "Step", "planned_copies", "realize", "state_from_module"]
@@ -276,9 +276,8 @@ class Executable:
         with torch.no_grad(), torch.cuda.stream(stream):
             self.run()
         torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, stream=stream):
-            self.run()
+        with torch.no_grad():
+            graph = capture_graph(self.run)
         for t, v in mutable.items():
             self.storages[t].copy_(v)
 

@@ -15,11 +15,12 @@ Fresh inputs are the caller's job: ``fn`` is replayed as it is, on the same buff
 """
 from __future__ import annotations
 
+import contextlib
 import platform
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 L2_FLUSH_BYTES = 256 * 2 ** 20      # larger than any current GPU's L2 (H200: 60 MiB)
 
@@ -80,6 +81,34 @@ def warm_streams() -> None:
     torch.cuda.synchronize()
 
 
+def capture_graph(fn: Callable[[], Any], calls: int = 1) -> Any:
+    """``fn()`` (``calls`` times) captured in a CUDA graph on the side stream, owning its cuBLAS workspace.
+
+    cuBLAS keeps one workspace per stream outside any graph, and a graph that captured a GEMM replays into
+    it.  torch.compile's cudagraph trees free every such workspace whenever they warm up or record a path
+    (``clear_cublass_cache`` in ``torch._inductor.cudagraph_trees``); the next ``torch.cuda.graph`` empties the
+    allocator's cache, and the older graph then replays into unmapped memory.  Seen on an H100 as an illegal
+    memory access in the runner's side-by-side timing of Llama decode (``eager_cudagraphs`` timed beside
+    ``compile_default``), and it would hit a user who mixes an executable with ``mode="reduce-overhead"``.
+    Clearing the workspaces before the capture makes cuBLAS allocate the one the graph uses from the graph's
+    own pool, as cudagraph trees do; the process's workspaces are made again after it (:func:`warm_streams`),
+    so memory counted around a build does not move."""
+    import torch
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    warm_streams()   # the side stream's cuBLAS handles exist before the capture (creating one there fails it)
+    if clear is not None:
+        clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side_stream()):
+        for _ in range(calls):
+            fn()
+    torch.cuda.synchronize()
+    if clear is not None:
+        clear()       # the graph's workspace goes back to its pool, where nothing else allocates
+        warm_streams()
+    return graph
+
+
 def _device_type(device: Any) -> str:
     import torch
     if device is None:
@@ -127,12 +156,30 @@ def bench_side_by_side(fns: Mapping[str, tuple[Callable[[], Any], bool]], *, dev
             samplers[k] = _CpuSampler(fn) if cpu else _CudaSampler(fn, cuda_graph=graph, flush=flush)
         except Exception as e:   # one variant that cannot be captured is that variant's failure
             failed[k] = e
-    counts = {k: max(1, _count(s.sample, None, rep_ms, max_repeats) // rounds) for k, s in samplers.items()}
+    counts: dict[str, int] = {}
+    for k, s in samplers.items():
+        with _named(k):
+            counts[k] = max(1, _count(s.sample, None, rep_ms, max_repeats) // rounds)
     samples: dict[str, list[float]] = {k: [] for k in samplers}
     for _ in range(rounds):
         for k, s in samplers.items():
-            samples[k] += s.take(counts[k])
+            with _named(k):
+                samples[k] += s.take(counts[k])
     return {**failed, **{k: _summarize(samples[k], s.method) for k, s in samplers.items()}}
+
+
+@contextlib.contextmanager
+def _named(name: str) -> Iterator[None]:
+    """Re-raise an error with the name of the callable being timed: a CUDA fault (an illegal memory access)
+    ends the process's GPU work, and the report must say which variant ran into it."""
+    try:
+        yield
+    except Exception as e:
+        try:
+            named = type(e)(f"while timing {name}: {e}")
+        except TypeError:   # an exception type whose constructor takes more than a message
+            named = RuntimeError(f"while timing {name}: {e}")
+        raise named from e
 
 
 def _count(sample: Callable[[], float], repeats: int | None, rep_ms: float, max_repeats: int) -> int:
@@ -164,12 +211,7 @@ class _CudaSampler:
                 fn()
         torch.cuda.synchronize()
         if cuda_graph:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side_stream()):
-                for _ in range(calls_per_graph):
-                    fn()
-            torch.cuda.synchronize()
-            self.graph = graph
+            graph = self.graph = capture_graph(fn, calls_per_graph)
             self.run, self.method, self.per_sample = graph.replay, "cuda_graph", calls_per_graph
         else:
             self.run, self.method, self.per_sample = fn, "cuda_events", 1
