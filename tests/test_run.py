@@ -185,6 +185,40 @@ def test_append_keeps_the_cases_it_does_not_redo(tiny_run, tmp_path):
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--append"]) == 2
 
 
+def test_a_failed_appended_piece_keeps_the_earlier_rows_and_a_fault_stops_the_later_cases(tiny_run, tmp_path,
+                                                                                           monkeypatch):
+    """An --append piece whose case fails (here a CUDA fault, as on the H100) puts the folder's earlier rows of
+    that case back instead of replacing measurements by failed rows; after a fault, the later cases are not
+    run (the process's GPU work is over) and say why in one line."""
+    import shutil
+    import vtcsearch.run as run
+    _, first = tiny_run
+    out = tmp_path / "pieces"
+    shutil.copytree(first, out)
+    before = json.loads((out / "summary.json").read_text())
+    old = {r["variant"]: r["predicted_latency_us"] for r in before["rows"]}
+    with open(out / "kernels.csv") as f:
+        old_kernels = sum(1 for _ in csv.DictReader(f))
+    calls = []
+
+    def faulty(ctx, params, batch, *a, **k):
+        calls.append(batch)
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    monkeypatch.setattr(run, "run_case", faulty)
+    assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--batch", "1", "2", "--append"]) == 1
+    s = json.loads((out / "summary.json").read_text())
+    assert calls == [1]                                   # batch 2 was not attempted after the fault
+    kept = {r["variant"]: r for r in s["rows"] if r["batch"] == 1}
+    assert {v: r["predicted_latency_us"] for v, r in kept.items()} == old
+    assert all(r["status"] != "failed" for r in kept.values())
+    assert any("failed in this run: the folder keeps its earlier rows" in n for n in s["notes"])
+    second = [r for r in s["rows"] if r["batch"] == 2]
+    assert second and all(r["status"] == "failed" for r in second)
+    assert "not run: the GPU faulted in llama3 bs1" in next(r["reason"] for r in second if r["kind"] == "vtcsearch")
+    with open(out / "kernels.csv") as f:
+        assert sum(1 for _ in csv.DictReader(f)) == old_kernels
+
+
 def test_report_says_modelled(tiny_run):
     _, out = tiny_run
     text = (out / "report.md").read_text()

@@ -1001,16 +1001,27 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
     if not plan:
         raise ConfigError(f"no case runs at batch size(s) {cfg.batch_sizes}: every case's own batch_sizes "
                           f"exclude them")
+    earlier = None          # what the folder held before this run (--append): a failed case keeps its rows
     if append:
+        earlier = Earlier.read(out)
         kernel_rows = keep_earlier(out, summary, {(case_label(p, cfg.workload.name), b) for _, p, b in plan},
                                    redo=variants_of(cfg))
     numerics_cache: dict = {}
+    lost: str | None = None   # a CUDA fault ends the process's GPU work: the cases after it are not run
     for _, params, b in plan:
         ctx.partial = None
         try:
+            if lost is not None:
+                raise GpuLost(f"not run: {lost}; run it in a new process (--cases ... --append)")
             case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
         except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
             case, r = failed_case(ctx, params, b, e)
+            if lost is None and is_cuda_fault(e):
+                lost = f"the GPU faulted in {case['case']} bs{b} ({first_line(e)})"
+            if earlier is not None and earlier.restore(summary, kernel_rows, (case["case"], b), variants_of(cfg)):
+                ctx.notes.append(f"case {case['case']} bs{b} failed in this run: the folder keeps its earlier rows")
+                write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
+                continue
         except RunInterrupted:   # told to stop (a timeout): keep what this case measured, then stop
             if ctx.partial is not None:
                 keep_measured(ctx, summary, kernel_rows, append, log, time.perf_counter() - t_start)
@@ -1178,6 +1189,59 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
     except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
         raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
     return [r for r in kdf.to_dict("records") if keep_row(r)]
+
+
+class GpuLost(RuntimeError):
+    """A case not run because an earlier case's CUDA fault ended the process's GPU work."""
+
+
+def is_cuda_fault(e: BaseException) -> bool:
+    """A sticky CUDA error (an illegal memory access, a device-side assert, a launch failure): the context is
+    unusable for the rest of the process, so every later case would fail the same way."""
+    text = str(e)
+    return any(s in text for s in ("illegal memory access", "device-side assert", "unspecified launch failure",
+                                   "illegal instruction", "misaligned address"))
+
+
+@dataclasses.dataclass
+class Earlier:
+    """What an output folder held before an ``--append`` run: the rows of a planned case that fails in this
+    run are put back, so a failed piece never replaces measurements (a fault, a machine taken back)."""
+    summary: dict[str, Any]
+    kernels: list[dict[str, Any]]
+
+    @classmethod
+    def read(cls, out: Path) -> "Earlier | None":
+        import pandas as pd
+        path = out / "summary.json"
+        if not path.exists():
+            return None
+        kpath = out / "kernels.csv"
+        try:
+            kernels = pd.read_csv(kpath).to_dict("records") if kpath.exists() and kpath.stat().st_size else []
+        except (OSError, ValueError):
+            kernels = []
+        return cls(read_summary(path), kernels)
+
+    def restore(self, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], key: tuple[str, int],
+                redo: set[str]) -> bool:
+        """Put back the earlier rows of case ``key`` that this run dropped (its ``redo`` variants, with their
+        numerics, steps, profile and kernel rows); False where the folder had no measured row of it."""
+        from . import report
+        old = self.summary
+        mine = lambda r: (r.get("case"), r.get("batch")) == key and r.get("variant") in redo   # noqa: E731
+        rows = [r for r in old["rows"] if mine(r)]
+        if not any(r.get("measured_latency_us") is not None or r.get("predicted_latency_us") is not None
+                   for r in rows):
+            return False
+        solvers = {solver_of(v) for v in redo if solver_of(v) is not None}
+        summary["rows"] += report.with_provenance(rows, old)
+        summary["numerics"] += report.with_provenance(
+            [r for r in old["numerics"] if (r.get("case"), r.get("batch")) == key and r.get("solver") in solvers], old)
+        for k in ("steps", "conv_layers", "profile"):
+            summary[k] += [r for r in old.get(k, []) if mine(r)]
+        kernel_rows += [r for r in self.kernels if mine(r)]
+        return True
 
 
 def merge_case(summary: dict[str, Any], case: dict[str, Any], rows: list[dict[str, Any]]) -> None:
