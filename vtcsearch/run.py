@@ -1012,7 +1012,8 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
         ctx.partial = None
         try:
             if lost is not None:
-                raise GpuLost(f"not run: {lost}; run it in a new process (--cases ... --append)")
+                ctx.stage = "not run"
+                raise GpuLost(f"{lost}; run it in a new process (--cases ... --append)")
             case, r = run_case(ctx, params, b, numerics_cache, kernel_rows, summary["numerics"])
         except Exception as e:   # one broken case (a capture the core cannot handle) must not sink the others
             case, r = failed_case(ctx, params, b, e)
