@@ -23,7 +23,9 @@ case "${1:-tests}" in
   pieces)  # runner pieces until the call's deadline, each merged into its folder with --append:
            #   bash experiments/h200.sh pieces OUT "zoo|--cases tv_resnet50 --batch 16 --solvers none,ilp" ...
            # a piece that cannot start with 60 s left is skipped (and said so); one cut short by the deadline keeps
-           # the variants it measured; every folder comes back as a tarball
+           # the variants it measured; every folder comes back as a tarball.  Each call starts from a copy of the
+           # local tree, whose tracked results replace the machine's: extract a call's tarball locally before the
+           # next call, or that call's --append pieces build on the old folder and the two cannot both be kept
     shift 2
     for piece in "$@"; do
       cfg=${piece%%|*}; args=${piece#*|}; left=$(( ${CALL_S:-545} - SECONDS ))
