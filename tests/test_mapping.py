@@ -224,3 +224,26 @@ def test_numeric_injectivity_on_the_box_equals_the_full_grid(seed):
         seen.append(np.broadcast_to(flat, mask.shape)[mask])
     allv = np.concatenate(seen)
     assert m._numeric_injective(list(m.pieces), None) == (len(np.unique(allv)) == len(allv))
+
+
+def test_pieces_and_expressions_unpickled_in_another_process_hash_as_built_there():
+    """Expressions and pieces cache their hash, which hashes names: strings hash differently in every process.
+    Pickled in one (another PYTHONHASHSEED) and loaded here, they must find the equal keys built here."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    code = ("import pickle, sys\n"
+            "from vtcsearch.core.expr import var\n"
+            "from vtcsearch.core.mapping import Piece\n"
+            "e = var('i0') * 2 + var('i1') // 3\n"
+            "p = Piece('x', ((0, 4), (0, 6)), (e,), ((var('i1') % 2, 0, 1),))\n"
+            "hash(e); hash(p)\n"
+            "sys.stdout.buffer.write(pickle.dumps((e, p)))\n")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    blob = subprocess.run([sys.executable, "-c", code], capture_output=True, check=True, cwd=root,
+                          env={**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": root}).stdout
+    e2, p2 = pickle.loads(blob)
+    e = var("i0") * 2 + var("i1") // 3
+    p = Piece("x", ((0, 4), (0, 6)), (e,), ((var("i1") % 2, 0, 1),))
+    assert {e: 1}[e2] == 1 and {p: 1}[p2] == 1

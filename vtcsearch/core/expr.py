@@ -88,15 +88,16 @@ class Lookup(Atom):
 class Expr:
     """``const + sum(coef * atom)``; immutable and hashable."""
 
-    __slots__ = ("terms", "const", "_hash", "_fv", "_repr")
+    __slots__ = ("terms", "const", "_hash", "_fv", "_repr", "_lk")
 
     def __init__(self, terms: Mapping[Atom, int] | None = None, const: int = 0):
         items = sorted(((a, c) for a, c in (terms or {}).items() if c != 0), key=lambda t: t[0].key())
         self.terms: tuple[tuple[Atom, int], ...] = tuple(items)
         self.const = int(const)
         self._hash = hash((self.terms, self.const))
-        self._fv: frozenset[str] | None = None    # free_vars and repr, computed once (immutable)
+        self._fv: frozenset[str] | None = None    # free_vars, repr and lookups, computed once (immutable)
         self._repr: str | None = None
+        self._lk: frozenset[Lookup] | None = None
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -204,12 +205,7 @@ class Expr:
         return all(isinstance(a, (Var, Sym)) for a in self.atoms())
 
     def has_lookup(self) -> bool:
-        for a in self.atoms():
-            if isinstance(a, Lookup):
-                return True
-            if isinstance(a, (FloorDiv, Mod)) and a.arg.has_lookup():
-                return True
-        return False
+        return bool(self.lookups())
 
     def syms(self) -> set[Sym]:
         out: set[Sym] = set()
@@ -223,16 +219,20 @@ class Expr:
                     out |= e.syms()
         return out
 
-    def lookups(self) -> set[Lookup]:
-        out: set[Lookup] = set()
-        for a in self.atoms():
-            if isinstance(a, Lookup):
-                out.add(a)
-                for e in a.index:
-                    out |= e.lookups()
-            elif isinstance(a, (FloorDiv, Mod)):
-                out |= a.arg.lookups()
-        return out
+    def lookups(self) -> frozenset[Lookup]:
+        """The table lookups in this expression, nested ones too (cached: the cost model asks often)."""
+        lk = self._lk
+        if lk is None:
+            out: set[Lookup] = set()
+            for a in self.atoms():
+                if isinstance(a, Lookup):
+                    out.add(a)
+                    for e in a.index:
+                        out |= e.lookups()
+                elif isinstance(a, (FloorDiv, Mod)):
+                    out |= a.arg.lookups()
+            lk = self._lk = frozenset(out)
+        return lk
 
     def __eq__(self, other) -> bool:
         if isinstance(other, (int, np.integer)):
@@ -241,6 +241,9 @@ class Expr:
 
     def __hash__(self) -> int:
         return self._hash
+
+    def __reduce__(self):   # rebuilt where it lands: a cached hash of names is only valid in its own process
+        return (Expr, (dict(self.terms), self.const))
 
     def __repr__(self) -> str:
         r = self._repr

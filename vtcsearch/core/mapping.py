@@ -78,6 +78,16 @@ class Piece:
     conds: tuple[Cond, ...] = ()       # extra predicates narrowing the box
     fill: float | None = None          # value of a constant piece
 
+    def __hash__(self) -> int:   # cached: pieces key the memos of maps and copies (immutable)
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.target, self.region, self.index, self.conds, self.fill))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __reduce__(self):   # rebuilt in another process, whose string hashes differ: no cached hash travels
+        return (Piece, (self.target, self.region, self.index, self.conds, self.fill))
+
     def ranges(self) -> dict[str, tuple[int, int]]:
         return {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(self.region)}
 
