@@ -1004,7 +1004,7 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
     earlier = None          # what the folder held before this run (--append): a failed case keeps its rows
     if append:
         earlier = Earlier.read(out)
-        kernel_rows = keep_earlier(out, summary, {(case_label(p, cfg.workload.name), b) for _, p, b in plan},
+        kernel_rows = keep_earlier(earlier, summary, {(case_label(p, cfg.workload.name), b) for _, p, b in plan},
                                    redo=variants_of(cfg))
     numerics_cache: dict = {}
     lost: str | None = None   # a CUDA fault ends the process's GPU work: the cases after it are not run
@@ -1146,22 +1146,19 @@ def variants_of(cfg: Config) -> set[str]:
     return {variant_name(s) for s in cfg.solvers} | set(cfg.baselines)
 
 
-def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
+def keep_earlier(earlier: "Earlier | None", summary: dict[str, Any], plan: set[tuple[str, int]],
                  redo: set[str] | None = None) -> list[dict[str, Any]]:
-    """Move what an earlier run in ``out`` holds and this run does not redo into ``summary``; returns the
-    earlier kernel rows kept.
+    """Move what an earlier run in the output folder holds and this run does not redo into ``summary``;
+    returns the earlier kernel rows kept.
 
     Cases outside ``plan`` are kept whole.  Of a planned case, the rows of variants outside ``redo`` are kept
     too (with their kernel and numerics rows), so a case can be run in pieces: the solvers in one call, the
     baselines (``--solvers -``) in another.  :func:`merge_case` then merges the new case record into the old.
     """
-    import pandas as pd
-
     from . import report
-    path = out / "summary.json"
-    if not path.exists():
+    if earlier is None:
         return []
-    old = read_summary(path)
+    old, path = earlier.summary, earlier.path
     if old.get("name") != summary["name"] or old.get("measured") != summary["measured"]:
         raise ConfigError(f"--append: {path} holds {old.get('name')!r} "
                           f"({'measured' if old.get('measured') else 'modelled'}), not this run's "
@@ -1180,16 +1177,8 @@ def keep_earlier(out: Path, summary: dict[str, Any], plan: set[tuple[str, int]],
                                                                         old))[0]
                             for r in old.get(key, []) if keep_row(r)]
     summary["notes"][:0] = [n for n in old.get("notes", []) if n not in summary["notes"]]
-    earlier = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
-    summary["runs"][:0] = earlier
-    kpath = out / "kernels.csv"
-    if not kpath.exists() or kpath.stat().st_size == 0:
-        return []
-    try:
-        kdf = pd.read_csv(kpath)
-    except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
-        raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
-    return [r for r in kdf.to_dict("records") if keep_row(r)]
+    summary["runs"][:0] = old.get("runs") or [{k: old[k] for k in ("command", "date", "machine")}]
+    return [r for r in earlier.kernels if keep_row(r)]
 
 
 class GpuLost(RuntimeError):
@@ -1208,21 +1197,26 @@ def is_cuda_fault(e: BaseException) -> bool:
 class Earlier:
     """What an output folder held before an ``--append`` run: the rows of a planned case that fails in this
     run are put back, so a failed piece never replaces measurements (a fault, a machine taken back)."""
+    path: Path                       # its summary.json
     summary: dict[str, Any]
-    kernels: list[dict[str, Any]]
+    kernels: list[dict[str, Any]]    # its kernels.csv
 
     @classmethod
     def read(cls, out: Path) -> "Earlier | None":
+        """The folder's summary and kernel rows; None for a folder with no summary.json."""
         import pandas as pd
         path = out / "summary.json"
         if not path.exists():
             return None
+        old = read_summary(path)
         kpath = out / "kernels.csv"
+        if not kpath.exists() or kpath.stat().st_size == 0:
+            return cls(path, old, [])
         try:
-            kernels = pd.read_csv(kpath).to_dict("records") if kpath.exists() and kpath.stat().st_size else []
-        except (OSError, ValueError):
-            kernels = []
-        return cls(read_summary(path), kernels)
+            kdf = pd.read_csv(kpath)
+        except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
+            raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
+        return cls(path, old, kdf.to_dict("records"))
 
     def restore(self, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], key: tuple[str, int],
                 redo: set[str]) -> bool:
