@@ -596,7 +596,7 @@ class TrafficModel:
             for ce, lo, hi in p.conds:
                 v = evaluate(_for_eval(ce, ranges), env)
                 mask &= (v >= lo) & (v < hi)
-            vals = np.broadcast_to(np.asarray(evaluate(_for_eval(flat, ranges), env)), mask.shape)[mask]
+            vals = np.broadcast_to(np.asarray(evaluate(_for_eval(off, ranges), env)), mask.shape)[mask]
             count = int(mask.sum())
             distinct = int(np.unique(vals).size)
         else:
@@ -622,7 +622,7 @@ class TrafficModel:
         for c, _, _ in p.conds:
             env.update({s.name: s.lo for s in c.syms()})
         mask = np.ones(sample, dtype=bool)
-        ranges = {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(p.region)}
+        ranges = p.ranges()
         for ce, lo, hi in p.conds:
             v = evaluate(_for_eval(ce, ranges), env)
             mask &= (v >= lo) & (v < hi)
