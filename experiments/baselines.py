@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import gc
+import itertools
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -151,7 +152,6 @@ class Variant:
     build: Callable[[], Callable[[], Any]] | None
     cuda_graph: bool = False
     skipped: str | None = None
-    shared_bytes: int = 0        # bytes of a private copy of the model the build makes (not the variant's own)
     own_bytes: Callable[[], int] | None = None   # what the built variant knows it holds (a vtcsearch executable)
 
 
@@ -161,9 +161,8 @@ def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
     skipped entry with the reason.
 
     Peak memory is what the variant needs on top of the model's own weights and
-    caches: the memory it holds after building (less ``v.shared_bytes``, a private
-    copy of the model that torch.compile variants make) plus the transient peak of
-    one call, from PyTorch's allocator statistics.  It is read before timing, whose
+    caches: the memory it holds after building plus the transient peak of one
+    call, from PyTorch's allocator statistics.  It is read before timing, whose
     L2-flushing buffer would otherwise count.
     """
     if v.skipped or v.build is None:
@@ -171,7 +170,7 @@ def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
     try:
         cuda = torch.cuda.is_available()
         if cuda:
-            gc.collect()   # an earlier variant's garbage (its private model copy) freed mid-build would count
+            gc.collect()   # an earlier variant's garbage freed mid-build would count
             warm_streams()   # cuBLAS's per-stream workspaces are the process's, not this variant's
             torch.cuda.synchronize()
             before = torch.cuda.memory_allocated()
@@ -187,16 +186,16 @@ def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
             peak = None
             if cuda:
                 torch.cuda.synchronize()
-                held = torch.cuda.memory_allocated() - before - v.shared_bytes
+                held = torch.cuda.memory_allocated() - before
                 torch.cuda.reset_peak_memory_stats()
                 base = torch.cuda.memory_allocated()
                 fn()
                 torch.cuda.synchronize()
                 peak = int(held + torch.cuda.max_memory_allocated() - base)
                 if held < 0:
-                    # the build freed more than it kept (cudagraph trees' pool is not in memory_allocated,
-                    # and their private model copy is released, or an earlier variant's memory was freed
-                    # mid-build): the variant's own count if it has one, else unknown, never a negative number
+                    # the build freed more than it kept (cudagraph trees' pool is not in memory_allocated, or an
+                    # earlier variant's memory was freed mid-build): the variant's own count if it has one, else
+                    # unknown, never a negative number
                     peak = int(v.own_bytes() + torch.cuda.max_memory_allocated() - base) if v.own_bytes else None
             m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile, timed=timed)
         m.peak_memory_bytes = peak
@@ -208,7 +207,8 @@ def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
 
 def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
                       names: Sequence[str] = BASELINES) -> list[Variant]:
-    """The baselines as variants (torch.compile variants compile a private copy of the model)."""
+    """The baselines as variants (torch.compile variants compile a module of their own over the model's
+    tensors: :func:`shared_module`)."""
     cuda = torch.cuda.is_available()
     out: list[Variant] = []
     for name in names:
@@ -227,7 +227,7 @@ def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
             mode = {"compile_default": None, "compile_max_autotune": "max-autotune",
                     "compile_max_autotune_graph": "max-autotune-no-cudagraphs"}[name]
             out.append(Variant(name, compiled_builder(model, example_inputs, mode),
-                               cuda_graph=name == "compile_max_autotune_graph", shared_bytes=model_bytes(model)))
+                               cuda_graph=name == "compile_max_autotune_graph"))
     return out
 
 
@@ -236,11 +236,22 @@ def model_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in list(model.parameters()) + list(model.buffers()))
 
 
+def shared_module(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model``'s module tree over the same parameters and buffers.
+
+    Each torch.compile variant compiles a module object of its own (Dynamo keeps its compiled code and guards
+    per module), but a deep copy would also copy the weights and caches: a second 41 GB for Gemma 2 9B at
+    batch 16, which left no room for the other variants.  The variants share the state as the vtcsearch
+    variants do; the runner restores the buffers after each one."""
+    memo = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    return copy.deepcopy(model, memo)
+
+
 def compiled_builder(model: torch.nn.Module, example_inputs: Sequence[Any],
                      mode: str | None) -> Callable[[], Callable[[], Any]]:
-    """A builder compiling a private copy of ``model`` (its buffers too) with torch.compile in ``mode``."""
+    """A builder compiling :func:`shared_module` of ``model`` with torch.compile in ``mode``."""
     def build():
-        compiled = torch.compile(copy.deepcopy(model), mode=mode, fullgraph=False)
+        compiled = torch.compile(shared_module(model), mode=mode, fullgraph=False)
         return lambda: compiled(*example_inputs)
     return build
 
@@ -263,4 +274,4 @@ def handwritten_variant(model: torch.nn.Module, example_inputs: Sequence[Any]) -
         return Variant("handwritten_compiled", None, skipped=f"no hand-written model for this workload "
                                                                f"({type(e).__name__}: {str(e)[:200]})")
     return Variant("handwritten_compiled", compiled_builder(hw, example_inputs, "max-autotune-no-cudagraphs"),
-                   cuda_graph=True, shared_bytes=model_bytes(hw))
+                   cuda_graph=True)

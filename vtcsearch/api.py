@@ -234,7 +234,7 @@ def time_executables(exes: dict[str, Any], model: torch.nn.Module, example_input
     interleaved rounds, each run as the user will run it (one CUDA graph replay if ``cuda_graph``); the
     module's buffers (a KV cache the calls write) are restored afterwards."""
     from .codegen.timing import bench_side_by_side
-    saved = {n: b.clone() for n, b in model.named_buffers()}
+    saved = {n: b.to("cpu", copy=True) for n, b in model.named_buffers()}   # host memory: caches can be large
     try:
         with torch.no_grad():
             calls = {k: (e.cuda_graph() if cuda_graph else e) for k, e in exes.items()}
