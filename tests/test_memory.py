@@ -117,6 +117,27 @@ def test_a_small_storage_does_not_take_a_large_free_block():
     assert arena.allocated_bytes == (4 << 20) + (8 << 10)
 
 
+def test_scratch_takes_slab_bytes_no_storage_live_at_its_step_holds():
+    """Scratch lives for its own step: it takes a gap of the slab that the storages live at that step (and the
+    step's other scratch) leave, and only where none fits a block of its own."""
+    plan = memory.Plan(ranges={"a": (0, 1), "b": (1, 2)}, sizes={"a": 4096, "b": 4096},
+                       offsets={"a": 0, "b": 4096}, slab_bytes=8192)
+    arena = memory.Arena(torch.device("cpu"), plan)
+    arena.begin(0)
+    a = arena.take("a", (1024,), torch.float32)
+    s0 = arena.take(None, (1024,), torch.float32)       # b is not live yet: its bytes
+    base = a.data_ptr()
+    assert s0.data_ptr() == base + 4096 and arena.allocated_bytes == 8192
+    s1 = arena.take(None, (1024,), torch.float32)       # the step's first scratch holds them now: a block
+    assert not base <= s1.data_ptr() < base + 8192 and arena.allocated_bytes == 8192 + 4096
+    arena.begin(1)
+    arena.take("b", (1024,), torch.float32)
+    assert arena.take(None, (16,), torch.float32).data_ptr() not in range(base, base + 8192)   # a and b live
+    arena.begin(2)
+    assert arena.take(None, (1024,), torch.float32).data_ptr() == base   # a is dead: its bytes
+    assert arena.scratch_in_slab == 2
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6), st.integers(1, 40)), min_size=1, max_size=25))
 def test_placed_storages_live_together_never_overlap(items):

@@ -19,8 +19,8 @@ too, so :func:`place` fixes every shared storage's offset in one slab: largest f
 gap among the storages live at the same time (the "greedy by size" offset planning of inference runtimes).
 A free list of whole blocks, which cannot split or merge them, allocated 23.6 MB on ShuffleNetV2 at batch 16
 where the most intermediate bytes ever live at once are 12.0 MB; the slab is 12.0 MB for them, 14.45 MB
-with the input image.  :class:`Arena` allocates the slab at first use and hands scratch out as blocks (best
-fit among blocks at most twice the request).
+with the input image.  :class:`Arena` allocates the slab at first use.  Scratch takes a gap of the slab that no
+storage live at its step occupies, else a block (best fit among blocks at most twice the request).
 Realization records which storages each step really binds and :meth:`Arena.check` refuses an executable in
 which a step touched a storage outside its planned range: a planner bug is an error at build, never a wrong
 answer.
@@ -202,10 +202,13 @@ class Arena:
         self._until: list[tuple[int, str]] = []              # (last step, storage) of held blocks
         self._used: dict[str, list[int]] = {}                # storage -> steps that bound it (for check)
         self._scratch = 0
+        self._step_scratch: list[tuple[int, int]] = []       # (offset, bytes) of this step's scratch in the slab
+        self.scratch_in_slab = 0                             # scratch requests the slab's free bytes took
 
     def begin(self, step: int) -> None:
         """Step ``step`` is about to be lowered: blocks of storages (and scratch) dead before it are free."""
         self.step = step
+        self._step_scratch = []
         still = []
         for end, s in self._until:
             if end < step:
@@ -226,6 +229,10 @@ class Arena:
         if name is not None and name in self.plan.offsets:
             return self._placed(name, nbytes, shape, dtype)
         size = _aligned(nbytes)
+        if name is None:
+            part = self._scratch_from_slab(size, nbytes)
+            if part is not None:
+                return part.view(dtype).view(tuple(int(d) for d in shape))
         # best fit, but never a block more than twice the request (and 1 MiB larger): blocks are not split,
         # so a row of 8 KiB in a free 32 MiB block would make the next 32 MiB request allocate again
         fits = [k for k, b in enumerate(self._free) if size <= b.numel() <= max(2 * size, size + SLACK)]
@@ -243,6 +250,32 @@ class Arena:
         self._held[name] = block
         self._until.append((end, name))
         return block[:nbytes].view(dtype).view(tuple(int(d) for d in shape))
+
+    def _scratch_from_slab(self, size: int, nbytes: int) -> torch.Tensor | None:
+        """Scratch of the current step in bytes of the slab that no storage live at this step occupies (nor
+        other scratch of this step): scratch lives for its own step only, so the gaps the plan leaves at a
+        step are free for it.  A densified operand of a library convolution at batch 16 no longer adds blocks
+        of its own beside the slab.  None: no gap fits (the caller allocates a block)."""
+        if self.plan.slab_bytes < size:
+            return None
+        k = self.step
+        busy = sorted([(self.plan.offsets[s], self.plan.sizes[s]) for s, (lo, hi) in self.plan.ranges.items()
+                       if lo <= k <= hi] + self._step_scratch)
+        at = 0
+        for off, n in busy:
+            if off - at >= size:
+                break
+            at = max(at, off + n)
+        if self.plan.slab_bytes - at < size:
+            return None
+        if self._slab is None:
+            self._slab = torch.empty(self.plan.slab_bytes, dtype=torch.uint8, device=self.device)
+            self.allocated_bytes += self.plan.slab_bytes
+        part = carve(self._slab, at, nbytes)
+        if part is not None:
+            self._step_scratch.append((at, size))
+            self.scratch_in_slab += 1
+        return part
 
     def _placed(self, name: str, nbytes: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         if nbytes > self.plan.sizes[name]:
