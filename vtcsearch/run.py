@@ -812,8 +812,13 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                         f"{m.kernels} kernels ({m.movement_kernels} movement)")
                 name = solver_of(var.name)
                 if name in exes:
-                    row.update(fallbacks=len(exes[name].summary()["fallbacks"]), build_s=build_s.get(name),
-                               executable_bytes=exes[name].allocated_bytes)
+                    ex = exes[name]
+                    row.update(fallbacks=len(ex.summary()["fallbacks"]), build_s=build_s.get(name),
+                               executable_bytes=ex.allocated_bytes)
+                    # what of the peak the executable's own memory explains (the rest: Inductor's buffers, the
+                    # CUDA graph's pool, library workspaces)
+                    log(f"   {'':22s} executable holds {ex.allocated_bytes / 2 ** 20:.1f} MiB (slab "
+                        f"{ex.arena.plan.slab_bytes / 2 ** 20:.1f} MiB, {ex.arena.scratch_in_slab} scratch in it)")
                 where = {"case": label, "batch": batch, "variant": var.name}
                 if name in exes and cfg.breakdown.steps:
                     ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]
