@@ -22,11 +22,13 @@ import torch
 from vtcsearch.codegen.timing import bench, warm_streams
 
 BASELINES = ("eager", "eager_cudagraphs", "compile_default", "compile_max_autotune", "compile_max_autotune_graph",
-             "handwritten_compiled")
+             "handwritten_compiled", "onnxruntime")
 # handwritten_compiled: the gpt-fast style model of experiments/handwritten.py (Llama workloads only: head-major
 # KV cache, SDPA with GQA), max-autotune-no-cudagraphs in one CUDA graph like compile_max_autotune_graph.  It is
 # other code than the workload's, so it is a reference beside the baselines, not counted as the best baseline:
 REFERENCE_BASELINES = ("handwritten_compiled",)
+# onnxruntime: the model exported to ONNX and run by ONNX Runtime's CUDA provider with its own CUDA graph, inputs and
+# outputs bound in place (one of the paper's baselines; stateless models only, see onnxruntime_builder);
 # compile_max_autotune: torch.compile(mode="max-autotune"), its own CUDA graphs (cudagraph trees), timed per call;
 # compile_max_autotune_graph: mode="max-autotune-no-cudagraphs" captured in one CUDA graph and timed as replays,
 # exactly as the vtcsearch variants are: the same kernels without the per-call overhead of cudagraph trees
@@ -223,6 +225,8 @@ def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
             out.append(Variant(name, None, skipped="needs CUDA: the comparison is GPU latency"))
         elif name == "handwritten_compiled":
             out.append(handwritten_variant(model, example_inputs))
+        elif name == "onnxruntime":
+            out.append(Variant(name, onnxruntime_builder(model, example_inputs)))
         else:
             mode = {"compile_default": None, "compile_max_autotune": "max-autotune",
                     "compile_max_autotune_graph": "max-autotune-no-cudagraphs"}[name]
@@ -275,3 +279,102 @@ def handwritten_variant(model: torch.nn.Module, example_inputs: Sequence[Any]) -
                                                                f"({type(e).__name__}: {str(e)[:200]})")
     return Variant("handwritten_compiled", compiled_builder(hw, example_inputs, "max-autotune-no-cudagraphs"),
                    cuda_graph=True)
+
+
+_ORT_DTYPES = {torch.float16: "float16", torch.float32: "float32", torch.int64: "int64", torch.int32: "int32",
+               torch.bool: "bool"}
+
+
+def onnxruntime_builder(model: torch.nn.Module, example_inputs: Sequence[Any], device: str = "cuda",
+                        cuda_graph: bool = True) -> Callable[[], Callable[[], Any]]:
+    """A builder running ``model`` in ONNX Runtime: exported by torch.onnx (the TorchScript exporter, which
+    needs only the ``onnx`` package), run by the CUDA provider (``device="cpu"``: the CPU provider, for tests),
+    with ONNX Runtime's own CUDA graph where it can capture one.  Inputs and outputs are bound in place
+    (IOBinding over the tensors' memory), so a call copies nothing through the host.
+
+    Refused, with the reason: a model whose call writes its own buffers (a KV cache: an ONNX graph has no state
+    to write, and timing one that skips the write would time less work), bf16 inputs or outputs (no NumPy type
+    to bind), a session without the CUDA provider (the ``onnxruntime`` package is CPU-only; the GPU needs
+    ``onnxruntime-gpu``), and outputs that differ from eager's (a baseline that computes something else is no
+    baseline)."""
+    def build():
+        import os
+        import tempfile
+
+        import numpy as np
+        import onnxruntime as ort
+        versions = {n: b._version for n, b in model.named_buffers()}
+        with torch.no_grad():
+            ref = model(*example_inputs)
+        refs = [t for t in torch.utils._pytree.tree_leaves(ref) if isinstance(t, torch.Tensor)]  # export's order
+        if any(b._version != versions[n] for n, b in model.named_buffers()):
+            raise NotImplementedError("onnxruntime baseline: the call writes the model's buffers (a KV cache), "
+                                      "which an exported ONNX graph cannot hold")
+        inputs = [x for x in example_inputs if isinstance(x, torch.Tensor)]
+        if len(inputs) != len(example_inputs):
+            raise NotImplementedError("onnxruntime baseline: non-tensor arguments are not bound")
+        if any(t.dtype not in _ORT_DTYPES for t in inputs + refs):
+            raise NotImplementedError(f"onnxruntime baseline: dtypes {sorted({str(t.dtype) for t in inputs + refs})}"
+                                      " cannot all be bound (no NumPy type for bfloat16)")
+        cuda = device == "cuda"
+        ort.set_default_logger_severity(3)          # errors only: its warnings are per node
+        if cuda and hasattr(ort, "preload_dlls"):   # the CUDA and cuDNN libraries torch's wheels brought
+            try:
+                ort.preload_dlls()
+            except Exception:   # the session below says what is missing
+                pass
+        if cuda and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise RuntimeError(f"onnxruntime {ort.__version__} has no CUDA provider here "
+                               f"({ort.get_available_providers()}): install onnxruntime-gpu")
+        idx = (inputs[0].device.index or 0) if cuda else 0
+        where = "cuda" if cuda else "cpu"
+        args = [x.contiguous() for x in inputs]
+        outs = [torch.empty_like(r, memory_format=torch.contiguous_format) for r in refs]
+
+        def session(path: str, graph: bool) -> Callable[[], Any]:
+            opts = ort.SessionOptions()
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            providers = [("CUDAExecutionProvider", {"device_id": idx, "enable_cuda_graph": "1" if graph else "0"})
+                         ] if cuda else ["CPUExecutionProvider"]
+            sess = ort.InferenceSession(path, opts, providers=providers)
+            if cuda and sess.get_providers()[0] != "CUDAExecutionProvider":
+                raise RuntimeError(f"onnxruntime baseline: the session runs on {sess.get_providers()}")
+            names_in, names_out = sess.get_inputs(), sess.get_outputs()
+            if len(names_in) != len(args) or len(names_out) != len(outs):
+                raise NotImplementedError(f"onnxruntime baseline: the export has {len(names_in)} inputs and "
+                                          f"{len(names_out)} outputs, the model {len(args)} and {len(outs)}")
+            binding = sess.io_binding()
+            for meta, x in zip(names_in, args):
+                binding.bind_input(meta.name, where, idx, np.dtype(_ORT_DTYPES[x.dtype]), tuple(x.shape),
+                                   x.data_ptr())
+            for meta, y in zip(names_out, outs):
+                binding.bind_output(meta.name, where, idx, np.dtype(_ORT_DTYPES[y.dtype]), tuple(y.shape),
+                                    y.data_ptr())
+
+            def call():
+                sess.run_with_iobinding(binding)
+                return outs
+
+            if cuda:
+                torch.cuda.synchronize()
+            call()    # ONNX Runtime captures its CUDA graph in the first run
+            return call
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "model.onnx")
+            with torch.no_grad():
+                torch.onnx.export(model, tuple(inputs), path, dynamo=False, opset_version=18)
+            try:
+                call = session(path, graph=cuda and cuda_graph)
+            except NotImplementedError:
+                raise
+            except Exception:   # a graph ONNX Runtime cannot capture whole (a node on the CPU): no CUDA graph
+                if not (cuda and cuda_graph):
+                    raise
+                call = session(path, graph=False)
+        for y, r in zip(outs, refs):
+            err = float((y.float() - r.float()).norm() / max(float(r.float().norm()), 1e-12))
+            if not err <= (2e-2 if r.dtype == torch.float16 else 1e-4):
+                raise RuntimeError(f"onnxruntime baseline: its output differs from eager's (relative error {err:.2e})")
+        return call
+    return build

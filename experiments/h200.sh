@@ -9,8 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${2:-${OUT:-out}}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+# wheels over a call's size limit (onnxruntime-gpu) were stashed in parts by earlier calls: experiments/bigwheel.sh
+WHEELS="$(ls .whl/*.whl 2>/dev/null) $(bash experiments/bigwheel.sh join)"
+if [ -n "${WHEELS// /}" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site $WHEELS \
     && export PYTHONPATH=/tmp/site:$PWD || exit 1
 else
   export PYTHONPATH=$PWD

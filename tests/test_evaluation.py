@@ -220,3 +220,25 @@ def test_table1_falls_back_to_the_measured_compile_variant(tmp_path):
     (t,) = evaluate([d], tmp_path / "eval")["table1"]
     assert t["compile_variant"] == "compile_max_autotune_graph"
     assert t["compile_peak_mib"] == pytest.approx(24) and t["peak_reduction"] == pytest.approx(1 - 38 / 24)
+
+
+def test_the_paper_baselines_say_where_onnxruntime_ran_and_why_not(tmp_path):
+    """ONNX Runtime counts as a baseline where it ran (here the best one); the report names the cases it could not
+    run in, with the run's reason, and why XLA and TensorRT never run here."""
+    shuffle = folder(tmp_path, "shufflenet", "shufflenet", [case("shufflenet", 1, "ilp", 10)], [
+        row("shufflenet", 1, "compile_default", 200, 20),
+        row("shufflenet", 1, "onnxruntime", 150, 10),
+        vtc("shufflenet", 1, "ilp", 140, 25)])
+    why = "onnxruntime baseline: the call writes the model's buffers (a KV cache)"
+    llama = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000)], [
+        row("decode", 1, "compile_default", 1000, 100),
+        row("decode", 1, "onnxruntime", None, 0, status="skipped", reason=why),
+        vtc("decode", 1, "ilp", 800, 50)])
+    res = evaluate([llama, shuffle], tmp_path / "eval")
+    f11 = {r["model"]: r for r in res["figure11"]}
+    assert f11["shufflenet"]["best_baseline"] == "onnxruntime" and f11["shufflenet"]["speedup"] == pytest.approx(150 / 140)
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert ("ONNX Runtime (CUDA provider, its own CUDA graph): measured in shufflenet bs1; not run in "
+            f"llama3_8b decode bs1: {why}") in report
+    assert "- torch.compile (TorchInductor): measured in 2 case(s)" in report
+    assert "- XLA: not run: " in report and "- TensorRT: not run: " in report

@@ -746,6 +746,32 @@ def test_handwritten_baseline_only_for_llama():
     assert v.skipped is None and v.cuda_graph
 
 
+def test_onnxruntime_baseline_runs_the_export_in_place_and_refuses_a_kv_cache():
+    """The ONNX Runtime baseline (here on its CPU provider) computes what eager does, reads its inputs where they
+    are (a new image written into the input tensor is what the next call sees), and refuses a model whose call
+    writes a KV cache: an exported ONNX graph has no state, and would time less work."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from experiments.baselines import onnxruntime_builder
+    from experiments.workloads import build_workload
+    torch.manual_seed(0)
+    w = build_workload("shufflenet", size="tiny", device="cpu", dtype=torch.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call = onnxruntime_builder(w.model, w.example_inputs, device="cpu")()
+    with torch.no_grad():
+        torch.testing.assert_close(call()[0], w.model(*w.example_inputs), rtol=1e-4, atol=1e-5)
+        x = w.example_inputs[0]
+        x.copy_(torch.randn_like(x))
+        torch.testing.assert_close(call()[0], w.model(x), rtol=1e-4, atol=1e-5)
+    w = build_workload("llama3", size="tiny", part="attention", device="cpu")
+    saved = {n: b.clone() for n, b in w.model.named_buffers()}
+    with pytest.raises(NotImplementedError, match="buffers"):
+        onnxruntime_builder(w.model, w.example_inputs, device="cpu")()
+    for n, b in w.model.named_buffers():
+        b.copy_(saved[n])
+
+
 def test_compiled_baselines_share_the_model_state():
     """A torch.compile variant compiles a module object of its own over the model's weights and caches: a deep
     copy of Gemma 2 9B's at batch 16 (41 GB per variant) left no room on the GPU for the others."""

@@ -175,6 +175,38 @@ def missing_cases(recs: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# the paper's baselines beside torch.compile, and why those that never run here do not (checked 2026-12-05)
+NOT_RUN = {
+    "XLA": "no PyTorch/XLA build for NVIDIA GPUs reaches the device (PyPI's torch-xla runs on TPUs and CPUs); "
+           "its JAX has XLA, but the models would have to be rewritten in JAX",
+    "TensorRT": "tensorrt-cu13-libs (11.4) is published as a stub that downloads the libraries from NVIDIA's "
+                "index at install time, and the device has no network",
+}
+ORT = "onnxruntime"
+
+
+def paper_baselines(recs: list[dict[str, Any]]) -> list[str]:
+    """Which of the paper's baselines (torch.compile, ONNX Runtime, XLA, TensorRT) were measured in which cases,
+    and why the others were not (the reason a run gave, or :data:`NOT_RUN`)."""
+    def cases(pred) -> list[str]:
+        return [f"{r['model']} bs{r['batch']}" for r in recs if r["measured"] and pred(r)]
+
+    comp = cases(lambda r: any(x["variant"].startswith("compile_") and _ok(x) for x in r["rows"]))
+    ort_ok = cases(lambda r: any(x["variant"] == ORT and _ok(x) for x in r["rows"]))
+    why: dict[str, list[str]] = {}
+    for r in recs:
+        x = next((x for x in r["rows"] if x["variant"] == ORT), None)
+        if r["measured"] and x is not None and not _ok(x):
+            why.setdefault(x.get("reason") or "no reason given", []).append(f"{r['model']} bs{r['batch']}")
+    absent = cases(lambda r: not any(x["variant"] == ORT for x in r["rows"]))
+    out = [f"torch.compile (TorchInductor): measured in {len(comp)} case(s)"]
+    out.append(f"ONNX Runtime (CUDA provider, its own CUDA graph): measured in {', '.join(ort_ok) or 'no case'}"
+               + "".join(f"; not run in {', '.join(c)}: {w}" for w, c in why.items())
+               + (f"; not among the baselines of {', '.join(absent)}" if absent else ""))
+    out += [f"{k}: not run: {v}" for k, v in NOT_RUN.items()]
+    return out
+
+
 def weak_baselines(recs: list[dict[str, Any]]) -> list[str]:
     """Measured cases whose best baseline is not one of the :data:`STRONGEST`: their speedup is an upper bound."""
     return [f"{r['model']} bs{r['batch']}: torch.compile max-autotune not measured; the speedup is over "
@@ -396,6 +428,9 @@ def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR", tc
     lines.append("".join(f"- {m}\n" for m in missing) or "None: every expected case is measured.\n")
     if notes:
         lines.append("## Notes\n" + "".join(f"- {n}\n" for n in notes))
+    lines.append("## The paper's baselines\n")
+    lines.append("The paper compares with the best of torch.compile, ONNX Runtime, XLA and TensorRT.\n\n"
+                 + "".join(f"- {m}\n" for m in paper_baselines(recs)))
     lines.append("## Figure 11: end-to-end latency\n")
     lines.append(f"Speedup = best baseline / vtcsearch (the search's pick). Paper: up to {p['speedup_max']}x, "
                  f"{p['speedup_mean']}x on average. ![](figure11.png)\n")
