@@ -10,6 +10,12 @@ timer that raises (a kernel that fails to compile or launch) records the
 configuration as infeasible (``inf``) rather than failing the search, and counts it in
 ``stats.errors``; a transient failure (out of memory, a timeout) is counted and never stored.
 
+``measure_top=k`` makes a whole model's search practical: of each unit's configurations only the ``k`` the
+analytical model ranks cheapest (and the all-physical one) are measured; every other is the model's price
+times the largest measured/modelled ratio among the unit's measured ones, so it never undercuts a measured
+configuration of its unit (:meth:`ProfilingOracle.unit_cost`).  The attention unit of a Llama 3 8B decode
+step alone has 906 configurations (1,761 distinct kernels for the whole model, 2026-12-05).
+
 Two timers, both real:
 
 * :class:`KernelTimer` (the default on a GPU) runs the unit exactly as
@@ -44,7 +50,7 @@ from vtcsearch.codegen.lowering import substitute as _subst
 from vtcsearch.codegen.timing import time_callable
 from vtcsearch.core.mapping import IndexMap, Piece
 
-from .accounting import UnitSpec
+from .accounting import PHYS, Accounting, Unit, UnitSpec
 from .base import CostOracle, Objective, UnitCost, is_transient
 
 
@@ -450,9 +456,22 @@ class ProfilingOracle(CostOracle):
     def __init__(self, db: str | os.PathLike = ":memory:", timer: Timer | str | None = None,
                  device: str | torch.device | None = None, objective: Objective | None = None,
                  repeats: int = 10, warmup: int = 2, keep_specs: bool = False,
-                 implementations: Sequence[str] | None = None):
-        """``timer``: a :class:`Timer`, or ``"kernels"`` / ``"reference"``; default: kernels on a GPU."""
+                 implementations: Sequence[str] | None = None, measure_top: int | None = None,
+                 hardware: str = "H200"):
+        """``timer``: a :class:`Timer`, or ``"kernels"`` / ``"reference"``; default: kernels on a GPU.
+        ``measure_top``: measure only that many configurations per unit, ranked by the analytical model of
+        ``hardware`` (module docstring); None measures every one."""
         super().__init__(objective, implementations)
+        if measure_top is not None and measure_top < 1:
+            raise ValueError(f"measure_top must be at least 1, got {measure_top}")
+        self.measure_top = measure_top
+        self._model = None
+        if measure_top is not None:
+            from .analytical import AnalyticalOracle
+            self._model = AnalyticalOracle(hardware, objective=objective, implementations=implementations)
+        self._configs: dict[int, tuple[Any, dict[str, list[tuple[str, ...]]]]] = {}  # id(acc) -> (acc, unit -> keys)
+        self._top: dict[tuple[int, str, str], tuple[frozenset, list[tuple[str, ...]]]] = {}
+        self._ratio: dict[tuple[int, str, str], float] = {}     # (id(acc), unit, impl) -> measured / modelled
         if timer is None:
             cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
             timer = "kernels" if cuda else "reference"
@@ -473,6 +492,57 @@ class ProfilingOracle(CostOracle):
         self.progress_s = 30.0
         self._since_report: tuple[float, int] | None = None   # (when, measurements) at the last line
         self._slowest = (0.0, "")
+
+    # -- measuring the configurations the model ranks first (measure_top) ------------------------------------
+    def unit_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...], impl: str = "triton") -> UnitCost:
+        """Measured, or with ``measure_top`` and outside the unit's measured set: the analytical model's price
+        times the largest measured/modelled ratio among the measured configurations of the unit (their own
+        measurements first), so it is never cheaper than a measured configuration the model ranked above it."""
+        if self._model is None or u.fuses:     # a unit with fused copies prices its parts through this method
+            return super().unit_cost(acc, u, keys, impl)
+        top, ranked = self.measured_configs(acc, u, impl)
+        if keys in top or not top:
+            return super().unit_cost(acc, u, keys, impl)
+        ratio = self._ratio.get((id(acc), u.name, impl))
+        if ratio is None:
+            ratio = 0.0
+            for k in ranked:
+                c = super().unit_cost(acc, u, k, impl)
+                m = self._model.unit_cost(acc, u, k, impl)
+                if c.feasible and math.isfinite(c.seconds) and m.seconds > 0:
+                    ratio = max(ratio, c.seconds / m.seconds)
+            self._ratio[(id(acc), u.name, impl)] = ratio
+        if ratio <= 0.0:            # nothing measured runs: measure this one too
+            return super().unit_cost(acc, u, keys, impl)
+        m = self._model.unit_cost(acc, u, keys, impl)
+        return replace(m, seconds=m.seconds * ratio, detail={**m.detail, "modelled": True, "ratio": ratio})
+
+    def measured_configs(self, acc: Accounting, u: Unit, impl: str = "triton"
+                         ) -> tuple[frozenset, list[tuple[str, ...]]]:
+        """(the configurations of ``u`` this oracle measures, the same in the model's order): the
+        ``measure_top`` the analytical model prices cheapest among the feasible ones, and the all-physical one.
+        Empty when the unit has no configuration the model can run."""
+        hit = self._top.get((id(acc), u.name, impl))
+        if hit is not None:
+            return hit
+        _, by_unit = self._configs.get(id(acc)) or (None, None)
+        if by_unit is None:
+            by_unit = {}
+            for unit, keys in acc.configuration_space():
+                by_unit.setdefault(unit.name, []).append(keys)
+            self._configs[id(acc)] = (acc, by_unit)      # acc kept alive: its id stays its own
+        priced = []
+        for keys in by_unit.get(u.name, []):     # the model prices on this accounting (the same structure)
+            c = self._model.unit_cost(acc, u, keys, impl)
+            if c.feasible and math.isfinite(c.seconds):
+                priced.append((c.seconds, keys))
+        priced.sort(key=lambda x: x[0])
+        ranked = [k for _, k in priced[:self.measure_top]]
+        phys = tuple(acc.key_of(t, PHYS) for t in u.tensors)
+        if any(k == phys for _, k in priced) and phys not in ranked:
+            ranked.append(phys)
+        hit = self._top[(id(acc), u.name, impl)] = (frozenset(ranked), ranked)
+        return hit
 
     def measure(self, spec: UnitSpec) -> UnitCost:
         """An Inductor unit is timed in parts (:func:`dense_parts`): its compiled kernel once per layout of its
@@ -538,6 +608,9 @@ class ProfilingOracle(CostOracle):
         launch = getattr(self.timer, "launch", None)
         seen: dict[str, UnitSpec] = {}
         for spec in self.unit_specs(acc, max_trees, max_configs):   # every implementation a solver may ask for
+            if self._model is not None and not spec.unit.fuses and \
+                    spec.config not in self.measured_configs(acc, spec.unit, spec.impl)[0]:
+                continue
             for part in dense_parts(spec):
                 if launch is not None:
                     part.launch = dict(launch(part) or {})

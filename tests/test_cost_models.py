@@ -1,6 +1,7 @@
 """Cost oracles: accounting agrees with the core, the roofline's byte counting, liveness, profiling cache."""
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import random
@@ -743,3 +744,51 @@ def test_prepare_precompiles_real_kernels_on_gpu(tmp_path):
     assert rep["forked_workers"] == 0 and rep["workers"] == 1, rep
     assert rep["compiled"] == rep["to_measure"] > 0 and rep["failed"] == 0, rep
     assert math.isfinite(rep["objective"]) and rep["errors"] == 0 and rep["device"].startswith("cuda:")
+
+
+def test_measure_top_measures_what_the_model_ranks_first_and_prices_the_rest_above_it(vtogs):
+    """``measure_top=k``: per unit, the k configurations the analytical model prices cheapest and the all-physical
+    one are measured, and exactly those are the precompile's candidates; every other configuration is the
+    model's price times the unit's largest measured/modelled ratio, never below a measured configuration the
+    model ranked above it."""
+    from cost_models.accounting import PHYS
+    from solvers import get_solver
+    v = vtogs[-1]
+
+    class Skewed:     # measurements that disagree with the model, differently per configuration
+        name = "skewed"
+        device = torch.device("cpu")
+
+        def __call__(self, spec):
+            return 1e-6 * (1 + int(hashlib.sha256(spec.key().encode()).hexdigest()[:4], 16) / 65536 * 3)
+
+    full = ProfilingOracle(":memory:", timer=Skewed())
+    o = ProfilingOracle(":memory:", timer=Skewed(), measure_top=2)
+    cands = o.candidate_specs(v)
+    assert 0 < len(cands) < len(full.candidate_specs(v))
+    res = get_solver("ilp")(v, o, budget=30, seed=0)
+    res.strategy.validate()
+    assert o.stats.measurements == len(cands)          # the search measured exactly what prepare compiles
+    acc = o.accounting(v)
+    by_unit: dict = {}
+    for u, keys in acc.configuration_space():
+        by_unit.setdefault(u.name, (u, []))[1].append(keys)
+    modelled = 0
+    for u, configs in by_unit.values():
+        if u.fuses:
+            continue
+        top, ranked = o.measured_configs(acc, u)
+        phys = tuple(acc.key_of(t, PHYS) for t in u.tensors)
+        assert not top or phys in top or not o._model.unit_cost(acc, u, phys).feasible
+        assert len(ranked) <= 3
+        for keys in configs:
+            c = o.unit_cost(acc, u, keys)
+            if keys in top or not c.feasible:
+                continue
+            modelled += 1
+            assert c.detail["modelled"]
+            mine = o._model.unit_cost(acc, u, keys).seconds
+            for k in ranked:
+                if o._model.unit_cost(acc, u, k).seconds <= mine:
+                    assert c.seconds >= o.unit_cost(acc, u, k).seconds * (1 - 1e-9)
+    assert modelled > 0

@@ -1213,3 +1213,12 @@ def test_measured_guard_times_the_pick_against_none(monkeypatch):
     assert measured_guard(ctx, {"vtc_ilp": ready["vtc_ilp"]}, "ilp", lambda: None) is None   # none not built
     assert measured_guard(ctx, ready, "ilp", lambda: None, same=True)["kept"] == "ilp"
     assert len(timed) == 1
+
+
+def test_measure_top_reaches_the_profiling_oracle_and_not_an_analytical_entry(tmp_path):
+    """``oracle_options.measure_top`` configures the profiling oracle (ranked by the config's hardware model);
+    an ``ilp@analytical`` entry of the same run builds its analytical oracle without it."""
+    ctx, _, vtog = _profiling_case(tmp_path, "cpu", measure_top=3)
+    assert ctx.oracle.name == "profiling" and ctx.oracle.measure_top == 3 and ctx.oracle._model is not None
+    assert 0 < len(ctx.oracle.candidate_specs(vtog))
+    assert ctx.oracle_for("ilp@analytical").name == "analytical"

@@ -197,6 +197,10 @@ def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None 
     if name == "auto":
         name = "profiling" if ctx.device == "cuda" else "analytical"
     opts = dict(cfg.oracle_options)
+    if name != "profiling":
+        opts.pop("measure_top", None)     # the profiling oracle's (an ``ilp@analytical`` entry shares the options)
+    elif "measure_top" in opts:
+        opts.setdefault("hardware", cfg.hardware)   # the model that ranks what is measured
     if name == "analytical":
         return get_oracle("analytical", hardware=opts.pop("hardware", cfg.hardware), objective=objective, **opts)
     if name == "profiling":
