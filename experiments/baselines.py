@@ -155,6 +155,7 @@ class Variant:
     cuda_graph: bool = False
     skipped: str | None = None
     own_bytes: Callable[[], int] | None = None   # what the built variant knows it holds (a vtcsearch executable)
+    peak_known: bool = True     # False: it allocates outside PyTorch's allocator (ONNX Runtime): no peak reported
 
 
 def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
@@ -200,7 +201,7 @@ def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
                     # unknown, never a negative number
                     peak = int(v.own_bytes() + torch.cuda.max_memory_allocated() - base) if v.own_bytes else None
             m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile, timed=timed)
-        m.peak_memory_bytes = peak
+        m.peak_memory_bytes = peak if v.peak_known else None
         m.build_s = build_s
         return m, fn
     except Exception as e:  # keep the run going; the report says what failed
@@ -226,7 +227,7 @@ def baseline_variants(model: torch.nn.Module, example_inputs: Sequence[Any],
         elif name == "handwritten_compiled":
             out.append(handwritten_variant(model, example_inputs))
         elif name == "onnxruntime":
-            out.append(Variant(name, onnxruntime_builder(model, example_inputs)))
+            out.append(Variant(name, onnxruntime_builder(model, example_inputs), peak_known=False))
         else:
             mode = {"compile_default": None, "compile_max_autotune": "max-autotune",
                     "compile_max_autotune_graph": "max-autotune-no-cudagraphs"}[name]

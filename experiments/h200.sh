@@ -4,7 +4,9 @@
 #   bash experiments/h200.sh pieces OUT "CONFIG|RUNNER ARGS" ...   (several --append runs in one call;
 #                                                                     a piece "pytest|PYTEST ARGS" runs GPU tests)
 # The machine has no network: OR-Tools and Optuna (with protobuf, immutabledict, sqlalchemy, greenlet, alembic,
-# mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`.
+# mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`;
+# onnxruntime-gpu (the onnxruntime baseline) is over a call's size limit and travels in parts, one per earlier
+# call of the same warm machine (experiments/bigwheel.sh; carry its .bigwhl/*.sha256 with .whl).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${2:-${OUT:-out}}
