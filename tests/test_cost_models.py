@@ -792,3 +792,35 @@ def test_measure_top_measures_what_the_model_ranks_first_and_prices_the_rest_abo
                 if o._model.unit_cost(acc, u, k).seconds <= mine:
                     assert c.seconds >= o.unit_cost(acc, u, k).seconds * (1 - 1e-9)
     assert modelled > 0
+
+
+def test_a_pick_the_oracle_cannot_price_is_a_failure_with_the_reason(tmp_path, vtogs):
+    """A search whose every strategy has a unit the oracle cannot price (a reference timer's size cap on an LM
+    head) returns a pick of infinite cost: the runner reports it failed, naming a unit and the error, instead of
+    an "ok" row with an infinite latency (whose latency plot then failed the whole run)."""
+    import vtcsearch.report as report
+    from vtcsearch.run import unpriceable
+    v = vtogs[0]
+
+    class Capped:
+        name = "capped"
+
+        def __call__(self, spec):
+            if spec.kind == "kernel":
+                raise MemoryError("storage t_160 has 525336576 elements (> 268435456)")
+            return 1e-6
+
+    ev = ProfilingOracle(tmp_path / "c.sqlite", timer=Capped()).evaluate(Strategy(v, []))
+    why = unpriceable(ev)
+    assert why.startswith("no finite-cost strategy") and "t_160" in why
+    class Fine:
+        name = "fine"
+
+        def __call__(self, spec):
+            return 1e-6
+
+    assert unpriceable(ProfilingOracle(tmp_path / "d.sqlite", timer=Fine()).evaluate(Strategy(v, []))) is None
+    summary = {"measured": False, "oracle": {"hardware": "H200"}, "rows": [
+        {"case": "c", "batch": 1, "variant": "vtc_ilp", "latency_us": math.inf, "status": "ok"},
+        {"case": "c", "batch": 1, "variant": "eager", "latency_us": None, "status": "skipped"}]}
+    assert "latency_png" in report.write_plots(tmp_path, summary)      # an infinite latency is not drawn

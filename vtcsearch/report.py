@@ -115,7 +115,8 @@ def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
 
     def bars(values: Callable[[dict[str, Any]], float | None], ylabel: str, title: str, name: str,
              log_scale: bool) -> None:
-        shown = [v for v in variants if any(values(r) for _, rows in groups for r in rows if r["variant"] == v)]
+        shown = [v for v in variants if any(values(r) and math.isfinite(values(r)) for _, rows in groups
+                                            for r in rows if r["variant"] == v)]
         fig, ax = plt.subplots(figsize=(max(6.0, 1.2 + len(groups) * (0.6 + 0.35 * len(shown))), 4.2))
         width = 0.8 / max(len(shown), 1)
         x = np.arange(len(groups))
@@ -124,7 +125,7 @@ def write_plots(out: Path, summary: dict[str, Any]) -> dict[str, str]:
             for _, rows in groups:
                 r = next((r for r in rows if r["variant"] == v), None)
                 y = values(r) if r else None
-                ys.append(y if y else np.nan)
+                ys.append(y if y and math.isfinite(y) else np.nan)
             ax.bar(x + (k - (len(shown) - 1) / 2) * width, ys, width, label=v)
         ax.set_xticks(x, [g for g, _ in groups], rotation=15 if len(groups) > 3 else 0)
         ax.set_ylabel(ylabel)

@@ -627,6 +627,13 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             rows.append(row)
             continue
         ev = ctx.oracle_for(name).evaluate(res.strategy)     # predicted by the oracle that searched
+        why = unpriceable(ev)
+        if why:     # no finite price: the search had nothing to choose from, and its pick is no result
+            results[name] = ("failed", why)
+            row.update(status="failed", reason=why)
+            log(f"   {name:10s} failed: {why}")
+            rows.append(row)
+            continue
         evals[name] = ev
         s = res.strategy
         kern = [r for r in ev.rows if r["seconds"] > 0]
@@ -697,6 +704,17 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     finish_rows(rows, ctx.measured, (case["floor"] or {}).get("floor_us"))
     write_strategies(strategy_files)
     return case, rows
+
+
+def unpriceable(ev) -> str | None:
+    """Why an evaluated strategy has no finite latency (None when it has one): the units the oracle could not
+    price in it, and the first one's error (a reference timer's size cap on an LM head, a kernel that fails)."""
+    if math.isfinite(ev.latency_s):
+        return None
+    bad = [r for r in ev.rows if not math.isfinite(r["seconds"])]
+    err = next((r.get("error") for r in bad if r.get("error")), None)
+    return (f"no finite-cost strategy: the oracle cannot price {len(bad)} unit(s) of the search's pick, e.g. "
+            f"{bad[0]['unit'] if bad else '?'}" + (f" ({err})" if err else ""))
 
 
 def write_strategies(files: dict[str, tuple[Path, dict[str, Any]]], variants: set[str] | None = None) -> None:
