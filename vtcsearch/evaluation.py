@@ -189,7 +189,7 @@ def paper_baselines(recs: list[dict[str, Any]]) -> list[str]:
     """Which of the paper's baselines (torch.compile, ONNX Runtime, XLA, TensorRT) were measured in which cases,
     and why the others were not (the reason a run gave, or :data:`NOT_RUN`)."""
     def cases(pred) -> list[str]:
-        return [f"{r['model']} bs{r['batch']}" for r in recs if r["measured"] and pred(r)]
+        return [f"{r['model']} bs{r['batch']}" for r in recs if r["measured"] and not r["error"] and pred(r)]
 
     comp = cases(lambda r: any(x["variant"].startswith("compile_") and _ok(x) for x in r["rows"]))
     ort_ok = cases(lambda r: any(x["variant"] == ORT and _ok(x) for x in r["rows"]))
