@@ -40,6 +40,7 @@ import platform
 import sqlite3
 import time
 import warnings
+import weakref
 from dataclasses import replace
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
@@ -469,9 +470,9 @@ class ProfilingOracle(CostOracle):
         if measure_top is not None:
             from .analytical import AnalyticalOracle
             self._model = AnalyticalOracle(hardware, objective=objective, implementations=implementations)
-        self._configs: dict[int, tuple[Any, dict[str, list[tuple[str, ...]]]]] = {}  # id(acc) -> (acc, unit -> keys)
-        self._top: dict[tuple[int, str, str], tuple[frozenset, list[tuple[str, ...]]]] = {}
-        self._ratio: dict[tuple[int, str, str], float] = {}     # (id(acc), unit, impl) -> measured / modelled
+        # per accounting (weakly: a run's cases come and go): "configs" unit -> its configurations, "top"
+        # (unit, impl) -> measured_configs, "ratio" (unit, impl) -> largest measured / modelled
+        self._ranked: "weakref.WeakKeyDictionary[Accounting, dict[str, dict]]" = weakref.WeakKeyDictionary()
         if timer is None:
             cuda = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
             timer = "kernels" if cuda else "reference"
@@ -503,7 +504,8 @@ class ProfilingOracle(CostOracle):
         top, ranked = self.measured_configs(acc, u, impl)
         if keys in top or not top:
             return super().unit_cost(acc, u, keys, impl)
-        ratio = self._ratio.get((id(acc), u.name, impl))
+        ratios = self._state(acc)["ratio"]
+        ratio = ratios.get((u.name, impl))
         if ratio is None:
             ratio = 0.0
             for k in ranked:
@@ -511,7 +513,7 @@ class ProfilingOracle(CostOracle):
                 m = self._model.unit_cost(acc, u, k, impl)
                 if c.feasible and math.isfinite(c.seconds) and m.seconds > 0:
                     ratio = max(ratio, c.seconds / m.seconds)
-            self._ratio[(id(acc), u.name, impl)] = ratio
+            ratios[(u.name, impl)] = ratio
         if ratio <= 0.0:            # nothing measured runs: measure this one too
             return super().unit_cost(acc, u, keys, impl)
         m = self._model.unit_cost(acc, u, keys, impl)
@@ -522,17 +524,15 @@ class ProfilingOracle(CostOracle):
         """(the configurations of ``u`` this oracle measures, the same in the model's order): the
         ``measure_top`` the analytical model prices cheapest among the feasible ones, and the all-physical one.
         Empty when the unit has no configuration the model can run."""
-        hit = self._top.get((id(acc), u.name, impl))
+        st = self._state(acc)
+        hit = st["top"].get((u.name, impl))
         if hit is not None:
             return hit
-        _, by_unit = self._configs.get(id(acc)) or (None, None)
-        if by_unit is None:
-            by_unit = {}
+        if not st["configs"]:
             for unit, keys in acc.configuration_space():
-                by_unit.setdefault(unit.name, []).append(keys)
-            self._configs[id(acc)] = (acc, by_unit)      # acc kept alive: its id stays its own
+                st["configs"].setdefault(unit.name, []).append(keys)
         priced = []
-        for keys in by_unit.get(u.name, []):     # the model prices on this accounting (the same structure)
+        for keys in st["configs"].get(u.name, []):     # the model prices on this accounting (the same structure)
             c = self._model.unit_cost(acc, u, keys, impl)
             if c.feasible and math.isfinite(c.seconds):
                 priced.append((c.seconds, keys))
@@ -541,8 +541,14 @@ class ProfilingOracle(CostOracle):
         phys = tuple(acc.key_of(t, PHYS) for t in u.tensors)
         if any(k == phys for _, k in priced) and phys not in ranked:
             ranked.append(phys)
-        hit = self._top[(id(acc), u.name, impl)] = (frozenset(ranked), ranked)
+        hit = st["top"][(u.name, impl)] = (frozenset(ranked), ranked)
         return hit
+
+    def _state(self, acc: Accounting) -> dict[str, dict]:
+        st = self._ranked.get(acc)
+        if st is None:
+            st = self._ranked[acc] = {"configs": {}, "top": {}, "ratio": {}}
+        return st
 
     def measure(self, spec: UnitSpec) -> UnitCost:
         """An Inductor unit is timed in parts (:func:`dense_parts`): its compiled kernel once per layout of its

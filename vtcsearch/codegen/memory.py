@@ -113,18 +113,21 @@ def place(ranges: dict[str, tuple[int, int]], sizes: dict[str, int]) -> tuple[di
     top = 0
     for s in sorted(ranges, key=lambda s: (-sizes[s], ranges[s][0], s)):
         lo, hi = ranges[s]
-        size = sizes[s]
-        busy = sorted((offsets[o], offsets[o] + sizes[o]) for o in offsets
-                      if ranges[o][0] <= hi and lo <= ranges[o][1])
-        best, best_gap, at = None, None, 0
-        for start, end in busy:
-            gap = start - at
-            if gap >= size and (best_gap is None or gap < best_gap):
-                best, best_gap = at, gap
-            at = max(at, end)
-        offsets[s] = at if best is None else best
-        top = max(top, offsets[s] + size)
+        offsets[s] = _gap(((offsets[o], offsets[o] + sizes[o]) for o in offsets
+                           if ranges[o][0] <= hi and lo <= ranges[o][1]), sizes[s])
+        top = max(top, offsets[s] + sizes[s])
     return offsets, top
+
+
+def _gap(busy: Iterable[tuple[int, int]], size: int) -> int:
+    """Where ``size`` bytes go among the ``busy`` byte ranges (start, end): the smallest gap between them that
+    fits, or above them all.  The planner places storages with it, the arena a step's scratch."""
+    best, best_gap, top = None, None, 0
+    for start, end in sorted(busy):
+        if start - top >= size and (best_gap is None or start - top < best_gap):
+            best, best_gap = top, start - top
+        top = max(top, end)
+    return top if best is None else best
 
 
 def copied_inputs(graph: TensorGraph) -> list[str]:
@@ -202,7 +205,7 @@ class Arena:
         self._until: list[tuple[int, str]] = []              # (last step, storage) of held blocks
         self._used: dict[str, list[int]] = {}                # storage -> steps that bound it (for check)
         self._scratch = 0
-        self._step_scratch: list[tuple[int, int]] = []       # (offset, bytes) of this step's scratch in the slab
+        self._step_scratch: list[tuple[int, int]] = []       # (start, end) of this step's scratch in the slab
         self.scratch_in_slab = 0                             # scratch requests the slab's free bytes took
 
     def begin(self, step: int) -> None:
@@ -256,34 +259,28 @@ class Arena:
         other scratch of this step): scratch lives for its own step only, so the gaps the plan leaves at a
         step are free for it.  A densified operand of a library convolution at batch 16 no longer adds blocks
         of its own beside the slab.  None: no gap fits (the caller allocates a block)."""
-        if self.plan.slab_bytes < size:
+        p, k = self.plan, self.step
+        at = _gap([(p.offsets[s], p.offsets[s] + p.sizes[s]) for s, (lo, hi) in p.ranges.items() if lo <= k <= hi]
+                  + self._step_scratch, size)
+        if at + size > p.slab_bytes:
             return None
-        k = self.step
-        busy = sorted([(self.plan.offsets[s], self.plan.sizes[s]) for s, (lo, hi) in self.plan.ranges.items()
-                       if lo <= k <= hi] + self._step_scratch)
-        at = 0
-        for off, n in busy:
-            if off - at >= size:
-                break
-            at = max(at, off + n)
-        if self.plan.slab_bytes - at < size:
-            return None
+        part = carve(self._slab_memory(), at, nbytes)
+        if part is not None:
+            self._step_scratch.append((at, at + size))
+            self.scratch_in_slab += 1
+        return part
+
+    def _slab_memory(self) -> torch.Tensor:
+        """The slab, allocated at first use."""
         if self._slab is None:
             self._slab = torch.empty(self.plan.slab_bytes, dtype=torch.uint8, device=self.device)
             self.allocated_bytes += self.plan.slab_bytes
-        part = carve(self._slab, at, nbytes)
-        if part is not None:
-            self._step_scratch.append((at, size))
-            self.scratch_in_slab += 1
-        return part
+        return self._slab
 
     def _placed(self, name: str, nbytes: int, shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
         if nbytes > self.plan.sizes[name]:
             raise RuntimeError(f"memory plan: storage {name} needs {nbytes} bytes, planned {self.plan.sizes[name]}")
-        if self._slab is None:
-            self._slab = torch.empty(self.plan.slab_bytes, dtype=torch.uint8, device=self.device)
-            self.allocated_bytes += self.plan.slab_bytes
-        part = carve(self._slab, self.plan.offsets[name], nbytes)
+        part = carve(self._slab_memory(), self.plan.offsets[name], nbytes)
         if part is None:   # correct, only larger: the storage's own memory for the whole call
             part = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
             self.allocated_bytes += nbytes
