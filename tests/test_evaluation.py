@@ -44,7 +44,7 @@ def case(label, batch, best, model_mib, **kw):
 
 @pytest.fixture
 def folders(tmp_path):
-    llama = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000)], [
+    llama = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000, floor={"floor_us": 400.0})], [
         row("decode", 1, "eager", 1500, 300),
         row("decode", 1, "compile_default", 1000, 100, mv_us=120.0, mv_k=4, build_s=40.0),
         row("decode", 1, "handwritten_compiled", 500, 80),          # a reference: never the best baseline
@@ -68,6 +68,10 @@ def test_tables_from_two_runner_folders(folders):
     assert f11["llama3_8b decode", 1]["vtcsearch_solver"] == "ilp"               # the search's pick, not the fastest
     assert f11["llama3_8b decode", 1]["speedup"] == pytest.approx(1000 / 800)
     assert f11["shufflenet", 1]["speedup"] == pytest.approx(0.8)
+    # the hand-written model and the floor stand beside the speedup: how far from an expert and from the hardware
+    assert f11["llama3_8b decode", 1]["vs_reference"] == pytest.approx(500 / 800)
+    assert f11["llama3_8b decode", 1]["over_floor"] == pytest.approx(800 / 400)
+    assert f11["shufflenet", 1]["vs_reference"] is None and f11["shufflenet", 1]["over_floor"] is None
     h = res["headline"]
     assert h["speedup_mean"] == pytest.approx(math.sqrt(1.25 * 0.8)) and h["speedup_max"] == pytest.approx(1.25)
     assert h["speedup_below_1"] == 1
@@ -98,6 +102,7 @@ def test_tables_from_two_runner_folders(folders):
         assert (out / png).stat().st_size > 0
     report = (out / "report.md").read_text()
     assert f"{PAPER['speedup_max']:.2f}x" in report and f"{PAPER['speedup_mean']:.2f}x" in report
+    assert "- llama3_8b decode bs1: the hand-written model is faster, 500.0 vs 800.0 us (0.62x)" in report
     assert "7 of 10" in report and "60%" in report and "17.5%" in report
     assert "## Missing cases" in report and "yolo11 s bs16: not in any folder given" in report
     assert "shufflenet bs1: 0.80x, 20.0% slower than compile_default (250.0 vs 200.0 us)" in report
@@ -230,7 +235,7 @@ def test_the_paper_baselines_say_where_onnxruntime_ran_and_why_not(tmp_path):
         row("shufflenet", 1, "onnxruntime", 150, 10),
         vtc("shufflenet", 1, "ilp", 140, 25)])
     why = "onnxruntime baseline: the call writes the model's buffers (a KV cache)"
-    llama = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000)], [
+    llama = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000, floor={"floor_us": 400.0})], [
         row("decode", 1, "compile_default", 1000, 100),
         row("decode", 1, "onnxruntime", None, 0, status="skipped", reason=why),
         vtc("decode", 1, "ilp", 800, 50)])
