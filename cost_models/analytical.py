@@ -324,8 +324,12 @@ class AnalyticalOracle(CostOracle):
 
     def _inductor(self, spec: UnitSpec) -> UnitCost:
         """The group compiled by Inductor on strided operands: residual copies for operands that are not strided
-        views, then the group's kernel at Inductor's efficiency for its kind, limited by the same grid and
-        serial K loop as the templates (max-autotune picks among templates and the library, which share them).
+        views, then the group's kernel at Inductor's efficiency for its kind.  A convolution is limited by the
+        same grid and serial K loop as the templates (max-autotune picks among templates and the library, which
+        share them); any other group is priced at its roofline.  That is right for decode GEMMs with M = 1
+        (Inductor's reduction kernels ran at 1.12-1.28x their H100 floor, `results/llama/profile.csv`) but not
+        where max-autotune's GEMM template has fewer tiles than SMs: the Llama QKV projection at batch 16 (M = 16,
+        N = 6144) ran at 2.1x its floor there, which the profiling oracle sees and this model does not.
 
         A convolution's epilogue is a kernel of its own: Inductor's conv kernels (its Triton template, cuDNN)
         write the product and a pointwise kernel applies the rest (the H200 profiles of YOLO11n and ShuffleNetV2

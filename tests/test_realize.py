@@ -96,6 +96,10 @@ def test_llama_block_strategies_equal_eager_and_each_other(llama):
     summ = results["ilp"][0].summary()
     assert not summ["fallbacks"] and summ["copy_kernels"] < results["all"][0].summary()["copy_kernels"]
     assert results["none"][0].summary()["copy_kernels"] > 20
+    # build time is kept per lowering: every kind of step that was built, copies included
+    none = results["none"][0].summary()
+    assert set(none["build_seconds"]) == set(none["by_lowering"]) | {"copy"}, none["build_seconds"]
+    assert all(t >= 0 for t in none["build_seconds"].values())
     if w.dtype == torch.bfloat16:
         # Llama's own dtype: the optimum removes every data movement kernel and leaves the QKV GEMM,
         # one RoPE kernel for Q and one for K (casts and interleaving fused), attention, the O GEMM

@@ -840,7 +840,9 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                     # what of the peak the executable's own memory explains (the rest: Inductor's buffers, the
                     # CUDA graph's pool, library workspaces)
                     log(f"   {'':22s} executable holds {ex.allocated_bytes / 2 ** 20:.1f} MiB (slab "
-                        f"{ex.arena.plan.slab_bytes / 2 ** 20:.1f} MiB, {ex.arena.scratch_in_slab} scratch in it)")
+                        f"{ex.arena.plan.slab_bytes / 2 ** 20:.1f} MiB, {ex.arena.scratch_in_slab} scratch in it); "
+                        f"built in " + ", ".join(f"{k} {v:.1f} s" for k, v in
+                                                 sorted(ex.build_seconds.items(), key=lambda kv: -kv[1])))
                 where = {"case": label, "batch": batch, "variant": var.name}
                 if name in exes and cfg.breakdown.steps:
                     ctx.steps += [{**where, **r} for r in step_rows(exes[name], unit_floors.get(name, {}))]

@@ -28,6 +28,7 @@ to keep them), again as with CUDA graphs.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
@@ -128,6 +129,7 @@ class Executable:
         self._operands: dict[str, Operand] = {}
         self.steps: list[Step] = []
         self.folded: list[str] = []
+        self.build_seconds: dict[str, float] = {}   # build seconds by lowering (inductor, triton, library, copy, ...)
         mutable = self._saved_mutable()
         with torch.no_grad():
             self._build()
@@ -207,34 +209,42 @@ class Executable:
                     self.storages[t] = self.arena.take(t, info.shape, info.dtype).zero_()
         for k, run in enumerate(runs):
             self.arena.begin(k)
-            name = run[0]
-            if any(is_region_step(g, s, st) for st in run):   # compiled (and run once) as a region
-                self.steps.append(Step(name, "kernel", lower_inductor(ctx, run)))
-                continue
-            if name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
-                launch = lower_as(ctx, g.groups[name], s.implementation(name))
-                if launch.fn is not None:
-                    # templates ran once when lowered; an ATen fallback must too, or a later kernel reads its
-                    # output unwritten (int64 scratch read as gather indices crashes the process)
-                    launch.fn()
-                self.steps.append(Step(name, "kernel", launch))
-                continue
-            op = g.ops[name]
-            copies = s.residuals_of(name)
-            if not copies:
-                continue
-            launch = Launch(name, "copy")
-            for r in copies:
-                tensors = {p.target: self.storage(p.target) for pair in r.pairs for p in pair if p.target}
-                plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
-                if plan is not None:
-                    launch.plans.append((plan, list(plan.last_args)))
-            if all(t in const for t in op.inputs):
-                self.folded.append(name)       # done once, just now
-            elif launch.plans:
-                self.steps.append(Step(name, "copy", launch))
-
+            t0, n = time.perf_counter(), len(self.steps)
+            self._build_step(ctx, run, const)
+            what = self.steps[-1].lowering if len(self.steps) > n else "copy"   # folded, or nothing to copy
+            self.build_seconds[what] = self.build_seconds.get(what, 0.0) + time.perf_counter() - t0
         self.arena.check()
+
+    def _build_step(self, ctx: Context, run: Sequence[str], const: set[str]) -> None:
+        """Lower one step of ``runs`` (realization's order) and run it once: an Inductor region, a kernel group
+        in its implementation, or a movement op's residual copies (none: nothing to run, or folded)."""
+        g, s = self.graph, self.strategy
+        name = run[0]
+        if any(is_region_step(g, s, st) for st in run):   # compiled (and run once) as a region
+            self.steps.append(Step(name, "kernel", lower_inductor(ctx, run)))
+            return
+        if name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
+            launch = lower_as(ctx, g.groups[name], s.implementation(name))
+            if launch.fn is not None:
+                # templates ran once when lowered; an ATen fallback must too, or a later kernel reads its
+                # output unwritten (int64 scratch read as gather indices crashes the process)
+                launch.fn()
+            self.steps.append(Step(name, "kernel", launch))
+            return
+        op = g.ops[name]
+        copies = s.residuals_of(name)
+        if not copies:
+            return
+        launch = Launch(name, "copy")
+        for r in copies:
+            tensors = {p.target: self.storage(p.target) for pair in r.pairs for p in pair if p.target}
+            plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
+            if plan is not None:
+                launch.plans.append((plan, list(plan.last_args)))
+        if all(t in const for t in op.inputs):
+            self.folded.append(name)       # done once, just now
+        elif launch.plans:
+            self.steps.append(Step(name, "copy", launch))
 
     def _tables(self, r) -> dict[str, torch.Tensor]:
         out = {}
@@ -306,7 +316,8 @@ class Executable:
                 "copy_kernels": sum(st.kernels for st in self.steps if st.kind == "copy"),
                 "by_lowering": kinds,
                 "fallbacks": {st.name: st.launch.note for st in self.steps if st.lowering == "aten"},
-                "folded": list(self.folded), "allocated_bytes": self.allocated_bytes}
+                "folded": list(self.folded), "allocated_bytes": self.allocated_bytes,
+                "build_seconds": dict(self.build_seconds)}
 
     def table(self) -> list[dict[str, Any]]:
         return [{"step": st.name, "kind": st.kind, "lowering": st.lowering, "kernels": st.kernels,
