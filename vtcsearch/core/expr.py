@@ -88,7 +88,7 @@ class Lookup(Atom):
 class Expr:
     """``const + sum(coef * atom)``; immutable and hashable."""
 
-    __slots__ = ("terms", "const", "_hash", "_fv", "_repr", "_lk")
+    __slots__ = ("terms", "const", "_hash", "_fv", "_repr", "_lk", "_sy")
 
     def __init__(self, terms: Mapping[Atom, int] | None = None, const: int = 0):
         items = sorted(((a, c) for a, c in (terms or {}).items() if c != 0), key=lambda t: t[0].key())
@@ -98,6 +98,7 @@ class Expr:
         self._fv: frozenset[str] | None = None    # free_vars, repr and lookups, computed once (immutable)
         self._repr: str | None = None
         self._lk: frozenset[Lookup] | None = None
+        self._sy: frozenset[Sym] | None = None
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -207,17 +208,22 @@ class Expr:
     def has_lookup(self) -> bool:
         return bool(self.lookups())
 
-    def syms(self) -> set[Sym]:
-        out: set[Sym] = set()
-        for a in self.atoms():
-            if isinstance(a, Sym):
-                out.add(a)
-            elif isinstance(a, (FloorDiv, Mod)):
-                out |= a.arg.syms()
-            elif isinstance(a, Lookup):
-                for e in a.index:
-                    out |= e.syms()
-        return out
+    def syms(self) -> frozenset[Sym]:
+        """The runtime scalars in this expression, nested ones too (cached: a map composed through many
+        shuffles shares its sub-expressions, and walking them uncached is exponential in the depth)."""
+        sy = self._sy
+        if sy is None:
+            out: set[Sym] = set()
+            for a in self.atoms():
+                if isinstance(a, Sym):
+                    out.add(a)
+                elif isinstance(a, (FloorDiv, Mod)):
+                    out |= a.arg.syms()
+                elif isinstance(a, Lookup):
+                    for e in a.index:
+                        out |= e.syms()
+            sy = self._sy = frozenset(out)
+        return sy
 
     def lookups(self) -> frozenset[Lookup]:
         """The table lookups in this expression, nested ones too (cached: the cost model asks often)."""
