@@ -218,3 +218,57 @@ def test_gpu_carved_parts_alias_the_slab_and_survive_a_cuda_graph():
     g.replay()
     torch.cuda.synchronize()
     assert bool((slab[:4096].view(torch.float32) == 3.0).all())
+
+
+def test_a_bound_call_copies_its_inputs_in_every_time():
+    """A dense input's bytes go to other storages after its last reader, so repeating only the steps (what a
+    bare CUDA graph replay repeats) computes on overwritten inputs; :meth:`Executable.bound` (what
+    ``cuda_graph(*inputs)`` captures) copies them in each time and repeats the call exactly.  The whole
+    decode step: its token ids are read by the embedding only (garbage ids crashed it on the GPU)."""
+    torch.manual_seed(0)
+    w = build_workload("llama3", size="tiny", part="model", device="cpu", dtype=torch.float32)
+    g = capture(w.model, w.example_inputs)
+    v = build_vtog(g)
+    model = w.model
+    saved = {n: b.clone() for n, b in model.named_buffers()}
+    exe = realize(g, Strategy(v, set()), model)
+    plan = exe.arena.plan
+    x = memory.copied_inputs(g)[0]
+    x_in = [a for a in w.example_inputs if isinstance(a, torch.Tensor)][g.inputs.index(x)]
+    lo, hi = plan.offsets[x], plan.offsets[x] + plan.sizes[x]
+    later = [t for t in plan.ranges if t != x and plan.ranges[t][0] > plan.ranges[x][1]
+             and plan.offsets[t] < hi and lo < plan.offsets[t] + plan.sizes[t]]
+    assert later, "the input's bytes are not reused here: this test would not guard anything"
+
+    def restore():
+        for n, b in model.named_buffers():
+            b.copy_(saved[n])
+
+    want = [o.clone() for o in exe(*w.example_inputs)]
+    restore()
+    call = exe.bound(*w.example_inputs)
+    for _ in range(2):
+        call()
+        assert all(torch.equal(a, b) for a, b in zip(exe.outputs(), want))
+        restore()
+    # the steps alone would read this (on the CPU, garbage token ids crash the process in the embedding)
+    assert not torch.equal(exe.storages[x], x_in), "the call left its input's bytes alone"
+
+
+@pytest.mark.gpu
+def test_gpu_a_replay_of_a_graph_with_inputs_is_a_whole_call():
+    """``cuda_graph(*inputs).replay`` (what the runner times) copies the inputs in inside the graph: replayed
+    twice, the whole tiny decode step gives the call's outputs."""
+    torch.manual_seed(0)
+    w = build_workload("llama3", size="tiny", part="model", device="cuda", dtype=torch.float32)
+    g = capture(w.model, w.example_inputs)
+    saved = {n: b.clone() for n, b in w.model.named_buffers()}
+    exe = realize(g, Strategy(build_vtog(g), set()), w.model)
+    want = [o.clone() for o in exe(*w.example_inputs)]
+    replay = exe.cuda_graph(*w.example_inputs).replay
+    for _ in range(2):
+        for n, b in w.model.named_buffers():
+            b.copy_(saved[n])
+        replay()
+        torch.cuda.synchronize()
+        assert all(torch.equal(a, b) for a, b in zip(exe.outputs(), want))
