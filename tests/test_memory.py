@@ -89,6 +89,12 @@ def test_plan_keeps_what_outlives_a_call(layer):
     assert not keep & set(p.ranges)
     for lo, hi in p.ranges.values():
         assert 0 <= lo <= hi < len(runs)
+    outs = {u for t in g.outputs for u in s.resolve(t).targets()}
+    consts = {u for t in constant_tensors(g) for u in s.resolve(t).targets()}
+    p = memory.plan(g, s, runs, consts, outputs=outs)
+    shared = outs & set(p.ranges)
+    assert shared, "the layer's output shares"
+    assert all(p.ranges[u][1] == len(runs) - 1 for u in shared), "outputs live to the end of the call"
 
 
 def test_a_binding_outside_the_plan_is_refused(layer, monkeypatch):
@@ -272,3 +278,35 @@ def test_gpu_a_replay_of_a_graph_with_inputs_is_a_whole_call():
         replay()
         torch.cuda.synchronize()
         assert all(torch.equal(a, b) for a, b in zip(exe.outputs(), want))
+
+
+class _EarlyOutput(torch.nn.Module):
+    """Returns a tensor computed early, next to one computed from it much later."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 32, 32) / 6)
+
+    def forward(self, x):
+        h = torch.relu(x @ self.w[0])
+        y = torch.tanh(h @ self.w[1])
+        y = torch.sigmoid(y @ self.w[2])
+        return h, torch.relu(y @ self.w[3])
+
+
+def test_an_early_output_shares_before_it_is_written_and_survives_the_call():
+    """An output's storage joins the slab (live from its first write to the last step): the call still returns
+    it intact although later intermediates of its size are placed after its last reader."""
+    torch.manual_seed(0)
+    model = _EarlyOutput()
+    x = torch.randn(16, 32)
+    g = capture(model, (x,))
+    s = Strategy(build_vtog(g), set())
+    exe = realize(g, s, model)
+    h = next(iter(s.resolve(g.outputs[0]).targets()))
+    assert h in exe.arena.plan.ranges, "the early output does not share: this test guards nothing"
+    assert exe.arena.plan.ranges[h][1] == max(hi for _, hi in exe.arena.plan.ranges.values())
+    want = model(x)
+    for _ in range(2):
+        got = exe(x)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))

@@ -8,8 +8,10 @@ buffer reuse does; without it every intermediate of a whole model stays allocate
 
 What shares: intermediates, and the call's dense tensor inputs (the call copies them in before the first
 step, and after their last reader their bytes are free; torch.compile holds no copy of its inputs, and a
-resident copy of a batch-16 image was a third of ShuffleNetV2's activation peak).  What never shares:
-parameters and buffers (the module's own tensors), outputs (returned to the caller), storages of build-time
+resident copy of a batch-16 image was a third of ShuffleNetV2's activation peak), and outputs before their
+first write (they live to the end of the call; the next call overwrites them anyway: a separate logits buffer
+put ShuffleNetV2's peak 31 KB above torch.compile's).  What never shares:
+parameters and buffers (the module's own tensors), storages of build-time
 constants (a folded weight transpose is written once, at build), and any storage a step reads before a step
 of the call writes it (its contents must survive from the previous call).  Scratch memory a lowering asks
 for (dense operands of a library kernel, gathered inputs) lives for its own step only.
@@ -143,12 +145,15 @@ def copied_inputs(graph: TensorGraph) -> list[str]:
 
 
 def plan(graph: TensorGraph, strategy: "Strategy", runs: Sequence[Sequence[str]],
-         persistent: Iterable[str]) -> Plan:
-    """Live ranges over ``runs`` (realization's step order); ``persistent``: storages that never share.
+         persistent: Iterable[str], outputs: Iterable[str] = ()) -> Plan:
+    """Live ranges over ``runs`` (realization's step order); ``persistent``: storages that never share;
+    ``outputs``: storages the caller reads after the call, live from their first write to the last step.
 
     The call's dense, unmutated tensor inputs live from the first step (the call copies them in) to their last
     reader.  Other graph inputs and mutable buffers always persist: a step may write only part of them (a KV
-    cache row), so a first access that writes does not make the rest of their contents dead."""
+    cache row), so a first access that writes does not make the rest of their contents dead.  Outputs share
+    like intermediates before they are written: the next call overwrites them anyway (as a CUDA graph's do),
+    and a model's logits then take no memory beside the activation peak."""
     persistent = set(persistent)
     copied = [t for t in copied_inputs(graph) if t not in persistent]
     keep = persistent | {t for t, i in graph.tensors.items()
@@ -163,6 +168,9 @@ def plan(graph: TensorGraph, strategy: "Strategy", runs: Sequence[Sequence[str]]
                 if s not in writes:
                     keep.add(s)   # read before this call writes it: its contents outlive the call
             last[s] = k
+    for s in outputs:
+        if s in last:
+            last[s] = len(runs) - 1
     ranges = {s: (first[s], last[s]) for s in first if s not in keep}
     sizes = {s: _aligned(graph.tensors[s].nbytes) for s in ranges}
     offsets, slab = place(ranges, sizes)

@@ -200,9 +200,10 @@ class Executable:
         runs = regions(g, s, g.steps, const)
         if self.reuse_memory:
             keep = set(self.storages) - set(memory.copied_inputs(g))   # the module's state
-            for t in list(g.outputs) + sorted(const):
+            for t in sorted(const):
                 keep |= set(s.resolve(t).targets())
-            self.arena = Arena(self.device, memory.plan(g, s, runs, keep))
+            outs = {u for t in g.outputs for u in s.resolve(t).targets()}
+            self.arena = Arena(self.device, memory.plan(g, s, runs, keep, outputs=outs))
             for t in g.inputs:   # the inputs the plan shares move into the arena (zeros, as above)
                 if self.arena.shares(t):
                     info = g.tensors[t]
