@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from . import floors
 from .atomic import atomic_path, write_text
 from .schema import VariantKind, variant_name
 
@@ -234,7 +235,7 @@ def figure11(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         bl = b["measured_latency_us"] if b else None
         ref = r.get("reference")
         rl = ref["measured_latency_us"] if ref and r["measured"] else None
-        floor = ((r["case_record"].get("floor") or {}).get("floor_us")) or None
+        floor = floors.row_floor_us(r["case_record"], v) if v else None   # on the GPU that measured it
         out.append({"model": r["model"], "batch": r["batch"], "best_baseline": b["variant"] if b else None,
                     "best_baseline_us": bl, "vtcsearch_solver": v.get("solver") if v else None,
                     "vtcsearch_us": vl if r["measured"] else None,
@@ -451,8 +452,9 @@ def markdown(recs, f11, t1, f12, ct, mo, notes, missing, h, out: str = "DIR", tc
     lines.append(f"\nGeometric mean speedup: {_f(h['speedup_mean'], '.2f')}\n")
     lines.append("Hand-written = the gpt-fast style model, compiled (`handwritten_compiled`), where the workload has one: "
                  "not counted as a baseline (it is other code than the model's), shown as what an expert reaches; "
-                 "vs hand-written = its latency / vtcsearch's. Floor = the case's floor on the config's hardware "
-                 "(H200: its bytes over 4.3 TB/s or its FLOPs over 790 TFLOP/s, whichever is longer); x floor = "
+                 "vs hand-written = its latency / vtcsearch's. Floor = the case's floor on the GPU that measured "
+                 "vtcsearch's row: its bytes over that GPU's measured copy bandwidth (H200 4.3 TB/s, H100 2.83 TB/s) "
+                 "or its FLOPs over its measured peak (790 / 761 TFLOP/s), whichever is longer; x floor = "
                  "vtcsearch / floor.\n")
     slower = [r for r in f11 if r["vs_reference"] is not None and r["vs_reference"] < 1.0]
     lines.append("".join(f"- {r['model']} bs{r['batch']}: the hand-written model is faster, {r['reference_us']:.1f} "

@@ -1,4 +1,4 @@
-"""HBM / compute floors: the least time a kernel or a whole case can take on the config's hardware.
+"""HBM / compute floors: the least time a kernel or a whole case can take on the GPU that measures it.
 
 A kernel's floor is ``max(distinct DRAM bytes / bandwidth, FLOPs / peak)``: the bytes are the
 analytical oracle's ``dram_bytes`` (what HBM must deliver; a re-read that hits L2 is not
@@ -29,8 +29,38 @@ def kernel_floor_us(row: dict[str, Any], hw: Any, dtype: torch.dtype) -> float |
     return t * 1e6 if t > 0 else None
 
 
+def preset_of(machine: str | None, default: str) -> str:
+    """The hardware preset of the GPU named in a row's ``machine`` ("NVIDIA H100 80GB HBM3 (torch ...)"), or
+    ``default`` (a modelled row, or a GPU without a preset): a latency is set against the floor of the GPU
+    that measured it (an H100's copy bandwidth is 2.83 TB/s, the H200's 4.3)."""
+    gpu = (machine or "").split(" (")[0]
+    for key, name in (("H200", "H200"), ("H100 NVL", "H100-NVL"), ("H100", "H100"), ("A100", "A100")):
+        if key in gpu:
+            return name
+    return default
+
+
+def floor_us_on(floor: dict[str, Any] | None, preset: str, dtype: Any) -> float | None:
+    """The floor of a case (:func:`case_floor`'s bytes and FLOPs) on another preset's measured numbers."""
+    if not floor or floor.get("floor_bytes") is None:
+        return None
+    hw = hardware(preset)
+    t = max(floor["floor_bytes"] / hw.bandwidth, (floor.get("floor_flops") or 0.0) / hw.peak(dtype, True))
+    return t * 1e6 if t > 0 else None
+
+
+def row_floor_us(case: dict[str, Any], row: dict[str, Any]) -> float | None:
+    """The floor a result row is set against: its case's floor on the GPU that measured the row (the preset
+    the floor was computed for when the row names none)."""
+    floor = case.get("floor") or {}
+    preset = preset_of(row.get("machine"), floor.get("hardware") or "")
+    if not preset or preset == floor.get("hardware"):
+        return floor.get("floor_us")
+    return floor_us_on(floor, preset, case.get("dtype"))
+
+
 def case_floor(graph: Any, hw: Any, dtype: torch.dtype) -> dict[str, float]:
-    """``{"floor_bytes", "floor_flops", "floor_us"}`` of a captured graph."""
+    """``{"floor_bytes", "floor_flops", "floor_us", "hardware"}`` of a captured graph."""
     from cost_models.accounting import op_flops
     nbytes = sum(t.nbytes for t in graph.tensors.values()
                  if t.is_graph_input or (t.is_output and t.storage_name == t.name))
@@ -40,7 +70,7 @@ def case_floor(graph: Any, hw: Any, dtype: torch.dtype) -> dict[str, float]:
             nbytes += sum(graph.tensors[op.inputs[u.source]].nbytes for u in op.movement.updates)
     flops = sum(op_flops(graph, o.name) for o in graph.compute_ops())
     t = max(nbytes / hw.bandwidth, flops / hw.peak(dtype, True))
-    return {"floor_bytes": float(nbytes), "floor_flops": float(flops), "floor_us": t * 1e6}
+    return {"floor_bytes": float(nbytes), "floor_flops": float(flops), "floor_us": t * 1e6, "hardware": hw.name}
 
 
 def ratio(us: float | None, floor_us: float | None) -> float | None:

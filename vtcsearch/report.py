@@ -311,15 +311,17 @@ def floor_section(summary: dict[str, Any]) -> list[str]:
     rows = [r for r in summary["rows"] if r.get("x_floor")]
     if not rows:
         return []
+    from .floors import preset_of
     hw = summary["config"].get("hardware")
     lines = ["## Against the hardware floor", "",
-             f"Floor: every graph input read once and every output written once at the {hw} preset's measured "
-             "bandwidth, or its FLOPs at peak, whichever is longer (per kernel: `floor_us` and `x_floor` in "
-             "kernels.csv).", "", f"| case | batch | floor us | variant | latency us ({latency_word(summary)}) | "
-             "x floor |", "|---|---|---|---|---|---|"]
+             "Floor: every graph input read once and every output written once at the measured bandwidth of the "
+             f"GPU that measured the row (a modelled row: the {hw} preset's), or its FLOPs at peak, whichever is "
+             "longer (per kernel: `floor_us` and `x_floor` in kernels.csv).", "",
+             f"| case | batch | GPU | floor us | variant | latency us ({latency_word(summary)}) | x floor |",
+             "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['case']} | {r['batch']} | {_fmt(r['floor_us'])} | {r['variant']} | "
-                     f"{_fmt(r['latency_us'])} | {_fmt(r['x_floor'], '.2f')} |")
+        lines.append(f"| {r['case']} | {r['batch']} | {preset_of(r.get('machine'), hw)} | {_fmt(r['floor_us'])} | "
+                     f"{r['variant']} | {_fmt(r['latency_us'])} | {_fmt(r['x_floor'], '.2f')} |")
     return lines + [""]
 
 

@@ -601,12 +601,16 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             "error": None, "floor": None, "prepare": None,
             # parameters + buffers (weights, KV caches): the measured peaks are on top of it (run_variant)
             "model_bytes": model_bytes(w.model)}
-    hw = None
+    hw = hw_dev = None
     if cfg.breakdown.floors:
+        # measured latencies are set against the floor of the GPU that measures them, the model's predictions
+        # against its own hardware's
         hw = floors.hardware(cfg.hardware)
-        case["floor"] = floors.case_floor(graph, hw, dtype)
+        hw_dev = floors.hardware(floors.preset_of(torch.cuda.get_device_name(), cfg.hardware)) if ctx.measured \
+            else hw
+        case["floor"] = floors.case_floor(graph, hw_dev, dtype)
         log(f"   floor {case['floor']['floor_us']:.1f} us ({case['floor']['floor_bytes'] / 1e6:.1f} MB, "
-            f"{cfg.hardware} at {hw.bandwidth / 1e12:.1f} TB/s)")
+            f"{hw_dev.name} at {hw_dev.bandwidth / 1e12:.2f} TB/s)")
 
     # search
     ctx.stage = "search"
@@ -655,10 +659,10 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
         for r in ev.rows:
             krow = {"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
                     "source": ctx.oracle_for(name).name, "us": r["seconds"] * 1e6, **r}
-            if hw is not None:
-                krow["floor_us"] = floors.kernel_floor_us(r, hw, dtype)
+            if hw is not None:   # a prediction against its model's hardware; steps timed here against this GPU's
+                krow["floor_us"] = floors.kernel_floor_us(r, hw if krow["source"] == "analytical" else hw_dev, dtype)
                 krow["x_floor"] = floors.ratio(krow["us"], krow["floor_us"])
-                unit_floors.setdefault(name, {})[r["unit"]] = krow["floor_us"]
+                unit_floors.setdefault(name, {})[r["unit"]] = floors.kernel_floor_us(r, hw_dev, dtype)
             kernel_rows.append(krow)
         # written with the case's rows (below), so a stopped run never leaves a strategy nobody measured
         strategy_files[variant_name(name)] = (ctx.out / "strategies" / f"{fid}_{name}.json",
@@ -701,7 +705,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
                       "(vtcsearch latencies are modelled)")
             rows.append({"case": label, "batch": batch, "workload": w.name, "variant": name, "kind": VariantKind.BASELINE,
                          "status": "skipped", "reason": reason})
-    finish_rows(rows, ctx.measured, (case["floor"] or {}).get("floor_us"))
+    finish_rows(rows, ctx.measured, case)
     write_strategies(strategy_files)
     return case, rows
 
@@ -952,7 +956,7 @@ def failed_case(ctx: RunContext, params: dict[str, Any], batch: int, e: Exceptio
     return case, rows
 
 
-def finish_rows(rows: list[dict[str, Any]], measured: bool, floor_us: float | None = None) -> None:
+def finish_rows(rows: list[dict[str, Any]], measured: bool, case: dict[str, Any] | None = None) -> None:
     """Headline latency (measured where there is one), speedups, floor ratios, and every field present.
 
     The best baseline is the best run of the same model code: reference baselines (other code, such as
@@ -983,6 +987,7 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool, floor_us: float | No
             if best and r["measured_latency_us"]:
                 r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
                 r["baseline_same_process"] = same
+            floor_us = floors.row_floor_us(case, r) if case else None   # on the GPU that measured the row
             if floor_us:
                 r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
 
@@ -1096,7 +1101,7 @@ def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[di
     write_strategies(strategy_files, names)
     kernel_rows[:] = [k for k in kernel_rows if (k["case"], k["batch"]) != (case["case"], case["batch"])
                       or k["variant"] in names]
-    finish_rows(kept, ctx.measured, (case.get("floor") or {}).get("floor_us"))
+    finish_rows(kept, ctx.measured, case)
     if append:
         merge_case(summary, case, kept)
     else:
@@ -1280,7 +1285,7 @@ def merge_case(summary: dict[str, Any], case: dict[str, Any], rows: list[dict[st
     merged = old_rows + rows
     for r in merged:                       # recomputed below from the merged rows
         r["speedup_vs_none"] = r["speedup_vs_best_baseline"] = r["baseline_same_process"] = None
-    finish_rows(merged, bool(summary.get("measured")), (case.get("floor") or {}).get("floor_us"))
+    finish_rows(merged, bool(summary.get("measured")), case)
     summary["rows"] += merged
     old = next((c for c in summary["cases"] if same(c)), None)
     if old is not None:
