@@ -310,3 +310,32 @@ def test_an_early_output_shares_before_it_is_written_and_survives_the_call():
     for _ in range(2):
         got = exe(x)
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+
+
+def test_inputs_given_at_build_are_read_in_place():
+    """``realize(inputs=...)`` (the runner's side-by-side timing) binds the caller's tensors as the input
+    storages: no slab bytes and no copy for them, the steps alone repeat the call, and a call with other
+    tensors is refused rather than written over the caller's."""
+    torch.manual_seed(0)
+    w = build_workload("llama3", size="tiny", part="model", device="cpu", dtype=torch.float32)
+    g = capture(w.model, w.example_inputs)
+    s = Strategy(build_vtog(g), set())
+    saved = {n: b.clone() for n, b in w.model.named_buffers()}
+
+    def restore():
+        for n, b in w.model.named_buffers():
+            b.copy_(saved[n])
+
+    want = [o.clone() for o in realize(g, s, w.model)(*w.example_inputs)]
+    restore()
+    exe = realize(g, s, w.model, inputs=w.example_inputs)
+    tensors = [a for a in w.example_inputs if isinstance(a, torch.Tensor)]
+    assert exe.in_place == set(memory.copied_inputs(g)) and exe.in_place
+    for t in exe.in_place:
+        assert exe.storages[t] is tensors[g.inputs.index(t)] and t not in exe.arena.plan.ranges
+    for _ in range(2):
+        exe.run()
+        assert all(torch.equal(a, b) for a, b in zip(exe.outputs(), want))
+        restore()
+    with pytest.raises(ValueError, match="bound"):
+        exe(*[a.clone() if isinstance(a, torch.Tensor) else a for a in w.example_inputs])

@@ -96,9 +96,12 @@ class Executable:
 
     def __init__(self, graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor], *,
                  device: torch.device | str | None = None, validate: bool = True, poison: bool = True,
-                 reuse_memory: bool = True):
+                 reuse_memory: bool = True, inputs: Sequence[Any] | None = None):
         """``reuse_memory``: intermediate storages with disjoint lifetimes share blocks
-        (:mod:`vtcsearch.codegen.memory`); off, every storage has its own."""
+        (:mod:`vtcsearch.codegen.memory`); off, every storage has its own.  ``inputs``: the tensors every call
+        will be made with, kept alive by the caller (a benchmark replaying a CUDA graph): each unmutated one is
+        bound as its input's storage and read in place, as torch.compile in a CUDA graph reads static inputs;
+        no copy in, and no slab bytes for it."""
         if validate:
             strategy.validate()
         self.graph, self.strategy = graph, strategy
@@ -112,9 +115,18 @@ class Executable:
                                "(Triton's CPU interpreter) for CPU tensors")
         self.device, self.poison = dev, poison
         self.storages: dict[str, torch.Tensor] = {}
-        for t in graph.inputs:   # building launches every kernel once: indices must be valid (0) then
+        self.in_place: set[str] = set()   # inputs read in place from the caller's tensors
+        given = [a for a in inputs if isinstance(a, torch.Tensor)] if inputs is not None else []
+        for k, t in enumerate(graph.inputs):   # building launches every kernel once: indices must be valid then
             info = graph.tensors[t]
-            self.storages[t] = torch.empty_strided(info.shape, info.strides, dtype=info.dtype, device=dev).zero_()
+            x = given[k] if k < len(given) else None
+            if x is not None and not info.mutable and x.device == dev and x.dtype == info.dtype \
+                    and tuple(x.shape) == info.shape and tuple(x.stride()) == tuple(info.strides):
+                self.storages[t] = x
+                self.in_place.add(t)
+            else:
+                self.storages[t] = torch.empty_strided(info.shape, info.strides, dtype=info.dtype,
+                                                       device=dev).zero_()
         for t, info in graph.tensors.items():
             if info.is_graph_input and info.kind != "input":
                 if t not in state:
@@ -199,7 +211,7 @@ class Executable:
         const = constant_tensors(g)
         runs = regions(g, s, g.steps, const)
         if self.reuse_memory:
-            keep = set(self.storages) - set(memory.copied_inputs(g))   # the module's state
+            keep = (set(self.storages) - set(memory.copied_inputs(g))) | self.in_place   # the module's state
             for t in sorted(const):
                 keep |= set(s.resolve(t).targets())
             outs = {u for t in g.outputs for u in s.resolve(t).targets()}
@@ -271,6 +283,9 @@ class Executable:
             if tuple(x.shape) != tuple(dst.shape):
                 raise ValueError(f"input {name}: expected shape {tuple(dst.shape)}, got {tuple(x.shape)}")
             if x.data_ptr() != dst.data_ptr():
+                if name in self.in_place:   # copying into it would overwrite the caller's tensor
+                    raise ValueError(f"input {name} is bound to the tensor given at build (realize(inputs=...)): "
+                                     f"call with that tensor, or realize without inputs")
                 dst.copy_(x)
 
     def outputs(self) -> list[torch.Tensor]:
@@ -393,9 +408,12 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
 
 
 def realize(graph: TensorGraph, strategy: Strategy, state: Mapping[str, torch.Tensor] | torch.nn.Module, *,
-            device: torch.device | str | None = None, validate: bool = True, reuse_memory: bool = True) -> Executable:
+            device: torch.device | str | None = None, validate: bool = True, reuse_memory: bool = True,
+            inputs: Sequence[Any] | None = None) -> Executable:
     """Build the executable of ``graph`` under ``strategy``; ``state`` is the module (or its graph-named tensors);
-    ``reuse_memory``: intermediates with disjoint lifetimes share memory (:mod:`vtcsearch.codegen.memory`)."""
+    ``reuse_memory``: intermediates with disjoint lifetimes share memory (:mod:`vtcsearch.codegen.memory`);
+    ``inputs``: the tensors every call is made with, read in place (:class:`Executable`)."""
     if isinstance(state, torch.nn.Module):
         state = state_from_module(graph, state)
-    return Executable(graph, strategy, state, device=device, validate=validate, reuse_memory=reuse_memory)
+    return Executable(graph, strategy, state, device=device, validate=validate, reuse_memory=reuse_memory,
+                      inputs=inputs)
