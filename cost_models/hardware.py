@@ -82,6 +82,8 @@ class Hardware:
             raise ValueError(f"unknown hardware preset {name!r}; choices: {', '.join(PRESETS)}")
         hw = PRESETS[key]
         cal = os.path.join(os.path.dirname(__file__), "calibration", f"{key}.json")
+        if not os.path.exists(cal) and key in CALIBRATION_OF:
+            cal = os.path.join(os.path.dirname(__file__), "calibration", f"{CALIBRATION_OF[key]}.json")
         if measured and calibrated and os.path.exists(cal):   # constants fitted by python -m experiments.calibrate
             with open(cal) as f:
                 data = json.load(f)
@@ -122,6 +124,11 @@ EFFICIENCY: dict[str, float] = {
 CALIBRATED_FIELDS = ("launch_s", "program_bandwidth", "k_step_s", "resident_bytes", "resident_bandwidth",
                      "swap_read_penalty", "swap_write_penalty", "tile2d_pieces", "short_run_penalty")
 
+
+# A preset without a calibration file of its own takes another's: the fitted constants beyond the roofline
+# (launch overhead, per-program bandwidth, efficiencies of each implementation) describe Hopper's SMs, which the
+# H100 and the H200 share; their bandwidths and peaks stay their own.
+CALIBRATION_OF = {"H100": "H200", "H100-NVL": "H200"}
 
 # Datasheet numbers (dense).  TF32 is not PyTorch's default for fp32 matmuls, so float32 uses the SIMT peak.
 PRESETS: dict[str, Hardware] = {
