@@ -1445,6 +1445,20 @@ def cap_configurations(ks: Sequence[Sequence[str]], max_configs: int,
     return ks, dropped
 
 
+def matrix_vector(g: TensorGraph, op: str) -> bool:
+    """Whether ``op`` is a matrix-vector product that Inductor decomposes into a multiply and a sum (its ``mm`` /
+    ``bmm`` decompositions under coordinate-descent tuning, which max-autotune turns on, for one row of A or one
+    column of B): generated reduction code, which inlines the copies around it (a decode step's GQA ``expand`` +
+    ``clone`` of the KV cache, read by the attention scores' bmm, launches no copy kernel)."""
+    o = g.ops[op]
+    if o.category != "matmul" or len(o.inputs) < 2:
+        return False
+    a, b = (g.tensors[t].shape for t in o.inputs[-2:])   # addmm / baddbmm: the bias comes first
+    if len(a) != len(b) or len(a) not in (2, 3):
+        return False
+    return a[-2] == 1 or b[-1] == 1
+
+
 def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: list[Unit]) -> list[Unit]:
     """``units`` with each kernel unit's fusible copies attached (``Unit.fuses``).
 
@@ -1474,11 +1488,19 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
 
     def generated(op: str) -> bool:
         """Whether Inductor runs kernel op ``op`` as generated code (not an extern call)."""
-        return owner[op] in g.groups and g.ops[op].category in ("pointwise", "reduction")
+        return owner[op] in g.groups and (g.ops[op].category in ("pointwise", "reduction")
+                                          or matrix_vector(g, op))
+
+    def extent(o: str) -> int:
+        """Elements kernel op ``o``'s loops run over: its largest input or output."""
+        return max((g.tensors[t].numel for t in list(g.ops[o].inputs) + list(g.ops[o].outputs)), default=0)
 
     def adjacent_kernel(op: str, limit: int = 64) -> tuple[str | None, tuple[str, ...]]:
         """The nearest kernel with generated code around ``op``'s connected movement ops (producers first) that
-        runs next to ``op`` in the schedule, and the tensors of the movement ops on the way (``Unit.via``)."""
+        runs next to ``op`` in the schedule and loops over at least as many elements as ``op`` writes (a kernel
+        that writes one new row of a KV cache cannot run the copy of the whole cache next to it; the kernel
+        that reads that copy does), and the tensors of the movement ops on the way (``Unit.via``)."""
+        size = max((g.tensors[t].numel for t in g.ops[op].outputs), default=0)
         seen, queue = {op: ()}, [op]
         while queue and len(seen) <= limit:
             name = queue.pop(0)
@@ -1487,7 +1509,7 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
             near = [g.tensors[t].producer for t in m.inputs] + [c for t in m.outputs for c in g.tensors[t].consumers]
             for o in near:
                 if o in owner:
-                    if generated(o) and next_to(op, owner[o]):
+                    if generated(o) and next_to(op, owner[o]) and extent(o) >= size:
                         return owner[o], via
                 elif o in g.ops and g.ops[o].kind == "movement" and o not in seen:
                     seen[o] = via
