@@ -120,7 +120,8 @@ class Executable:
         for k, t in enumerate(graph.inputs):   # building launches every kernel once: indices must be valid then
             info = graph.tensors[t]
             x = given[k] if k < len(given) else None
-            if x is not None and not info.mutable and x.device == dev and x.dtype == info.dtype \
+            if x is not None and not info.mutable and x.device.type == dev.type \
+                    and dev.index in (None, x.device.index) and x.dtype == info.dtype \
                     and tuple(x.shape) == info.shape and tuple(x.stride()) == tuple(info.strides):
                 self.storages[t] = x
                 self.in_place.add(t)
