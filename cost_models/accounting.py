@@ -1495,12 +1495,19 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
         """Elements kernel op ``o``'s loops run over: its largest input or output."""
         return max((g.tensors[t].numel for t in list(g.ops[o].inputs) + list(g.ops[o].outputs)), default=0)
 
-    def adjacent_kernel(op: str, limit: int = 64) -> tuple[str | None, tuple[str, ...]]:
+    def written(cu: Unit) -> int:
+        """Elements copy unit ``cu`` writes: its output's pieces that read its source (a concat's slice)."""
+        m = g.ops[cu.op].movement
+        pieces = m.outputs[cu.out].pieces if m is not None and cu.out < len(m.outputs) else ()
+        n = sum(region_size(p.region) for p in pieces if p.target == f"in{cu.src}")
+        return n or g.tensors[g.ops[cu.op].outputs[cu.out]].numel
+
+    def adjacent_kernel(op: str, limit: int = 64, size: int = 0) -> tuple[str | None, tuple[str, ...]]:
         """The nearest kernel with generated code around ``op``'s connected movement ops (producers first) that
         runs next to ``op`` in the schedule and loops over at least as many elements as ``op`` writes (a kernel
         that writes one new row of a KV cache cannot run the copy of the whole cache next to it; the kernel
-        that reads that copy does), and the tensors of the movement ops on the way (``Unit.via``)."""
-        size = max((g.tensors[t].numel for t in g.ops[op].outputs), default=0)
+        that reads that copy does), and the tensors of the movement ops on the way (``Unit.via``).  ``size``:
+        the elements the copy writes."""
         seen, queue = {op: ()}, [op]
         while queue and len(seen) <= limit:
             name = queue.pop(0)
@@ -1546,7 +1553,7 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
             continue
         k, via = reading_kernel(cu.op) if is_view(op) else (None, ())
         if k is None or not next_to(cu.op, k):
-            k, via = adjacent_kernel(cu.op)
+            k, via = adjacent_kernel(cu.op, size=written(cu))
         if k is not None:
             # the op's other tensors too, unless ``k`` computes them: read through a map into a storage that the
             # region writes, an input would be read before the region's call writes it (YOLO11's C3k2 ``cat``
