@@ -226,18 +226,32 @@ def test_gpu_carved_parts_alias_the_slab_and_survive_a_cuda_graph():
     assert bool((slab[:4096].view(torch.float32) == 3.0).all())
 
 
-def test_a_bound_call_copies_its_inputs_in_every_time():
+@pytest.fixture(scope="module")
+def decode_step():
+    """The tiny whole decode step (its token ids are read by the embedding only), all physical, realized without
+    inputs; its outputs; and a function restoring the KV cache it writes."""
+    torch.manual_seed(0)
+    w = build_workload("llama3", size="tiny", part="model", device="cpu", dtype=torch.float32)
+    g = capture(w.model, w.example_inputs)
+    s = Strategy(build_vtog(g), set())
+    saved = {n: b.clone() for n, b in w.model.named_buffers()}
+
+    def restore():
+        for n, b in w.model.named_buffers():
+            b.copy_(saved[n])
+
+    exe = realize(g, s, w.model)
+    want = [o.clone() for o in exe(*w.example_inputs)]
+    restore()
+    return w, g, s, exe, want, restore
+
+
+def test_a_bound_call_copies_its_inputs_in_every_time(decode_step):
     """A dense input's bytes go to other storages after its last reader, so repeating only the steps (what a
     bare CUDA graph replay repeats) computes on overwritten inputs; :meth:`Executable.bound` (what
     ``cuda_graph(*inputs)`` captures) copies them in each time and repeats the call exactly.  The whole
     decode step: its token ids are read by the embedding only (garbage ids crashed it on the GPU)."""
-    torch.manual_seed(0)
-    w = build_workload("llama3", size="tiny", part="model", device="cpu", dtype=torch.float32)
-    g = capture(w.model, w.example_inputs)
-    v = build_vtog(g)
-    model = w.model
-    saved = {n: b.clone() for n, b in model.named_buffers()}
-    exe = realize(g, Strategy(v, set()), model)
+    w, g, _, exe, want, restore = decode_step
     plan = exe.arena.plan
     x = memory.copied_inputs(g)[0]
     x_in = [a for a in w.example_inputs if isinstance(a, torch.Tensor)][g.inputs.index(x)]
@@ -245,13 +259,6 @@ def test_a_bound_call_copies_its_inputs_in_every_time():
     later = [t for t in plan.ranges if t != x and plan.ranges[t][0] > plan.ranges[x][1]
              and plan.offsets[t] < hi and lo < plan.offsets[t] + plan.sizes[t]]
     assert later, "the input's bytes are not reused here: this test would not guard anything"
-
-    def restore():
-        for n, b in model.named_buffers():
-            b.copy_(saved[n])
-
-    want = [o.clone() for o in exe(*w.example_inputs)]
-    restore()
     call = exe.bound(*w.example_inputs)
     for _ in range(2):
         call()
@@ -312,22 +319,11 @@ def test_an_early_output_shares_before_it_is_written_and_survives_the_call():
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
 
 
-def test_inputs_given_at_build_are_read_in_place():
+def test_inputs_given_at_build_are_read_in_place(decode_step):
     """``realize(inputs=...)`` (the runner's side-by-side timing) binds the caller's tensors as the input
     storages: no slab bytes and no copy for them, the steps alone repeat the call, and a call with other
     tensors is refused rather than written over the caller's."""
-    torch.manual_seed(0)
-    w = build_workload("llama3", size="tiny", part="model", device="cpu", dtype=torch.float32)
-    g = capture(w.model, w.example_inputs)
-    s = Strategy(build_vtog(g), set())
-    saved = {n: b.clone() for n, b in w.model.named_buffers()}
-
-    def restore():
-        for n, b in w.model.named_buffers():
-            b.copy_(saved[n])
-
-    want = [o.clone() for o in realize(g, s, w.model)(*w.example_inputs)]
-    restore()
+    w, g, s, _, want, restore = decode_step
     exe = realize(g, s, w.model, inputs=w.example_inputs)
     tensors = [a for a in w.example_inputs if isinstance(a, torch.Tensor)]
     assert exe.in_place == set(memory.copied_inputs(g)) and exe.in_place

@@ -21,12 +21,15 @@ def hardware(name: str) -> Any:
     return Hardware.preset(name, measured=True)
 
 
+def floor_us(nbytes: float, flops: float, hw: Any, dtype: Any) -> float:
+    """``max(bytes / bandwidth, FLOPs / peak)`` on ``hw``, in microseconds."""
+    return max(nbytes / hw.bandwidth, flops / hw.peak(dtype, True)) * 1e6
+
+
 def kernel_floor_us(row: dict[str, Any], hw: Any, dtype: torch.dtype) -> float | None:
     """Floor of one oracle row (its ``dram_bytes`` or ``bytes``, and ``flops``); None if it has neither."""
-    nbytes = row.get("dram_bytes", row.get("bytes")) or 0.0
-    flops = row.get("flops") or 0.0
-    t = max(nbytes / hw.bandwidth, flops / hw.peak(dtype, True))
-    return t * 1e6 if t > 0 else None
+    t = floor_us(row.get("dram_bytes", row.get("bytes")) or 0.0, row.get("flops") or 0.0, hw, dtype)
+    return t if t > 0 else None
 
 
 def preset_of(machine: str | None, default: str) -> str:
@@ -44,9 +47,8 @@ def floor_us_on(floor: dict[str, Any] | None, preset: str, dtype: Any) -> float 
     """The floor of a case (:func:`case_floor`'s bytes and FLOPs) on another preset's measured numbers."""
     if not floor or floor.get("floor_bytes") is None:
         return None
-    hw = hardware(preset)
-    t = max(floor["floor_bytes"] / hw.bandwidth, (floor.get("floor_flops") or 0.0) / hw.peak(dtype, True))
-    return t * 1e6 if t > 0 else None
+    t = floor_us(floor["floor_bytes"], floor.get("floor_flops") or 0.0, hardware(preset), dtype)
+    return t if t > 0 else None
 
 
 def row_floor_us(case: dict[str, Any], row: dict[str, Any]) -> float | None:
@@ -69,8 +71,8 @@ def case_floor(graph: Any, hw: Any, dtype: torch.dtype) -> dict[str, float]:
                                        for o in op.outputs):
             nbytes += sum(graph.tensors[op.inputs[u.source]].nbytes for u in op.movement.updates)
     flops = sum(op_flops(graph, o.name) for o in graph.compute_ops())
-    t = max(nbytes / hw.bandwidth, flops / hw.peak(dtype, True))
-    return {"floor_bytes": float(nbytes), "floor_flops": float(flops), "floor_us": t * 1e6, "hardware": hw.name}
+    return {"floor_bytes": float(nbytes), "floor_flops": float(flops), "floor_us": floor_us(nbytes, flops, hw, dtype),
+            "hardware": hw.name}
 
 
 def ratio(us: float | None, floor_us: float | None) -> float | None:

@@ -660,9 +660,10 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
             krow = {"case": label, "batch": batch, "variant": variant_name(name), "solver": name,
                     "source": ctx.oracle_for(name).name, "us": r["seconds"] * 1e6, **r}
             if hw is not None:   # a prediction against its model's hardware; steps timed here against this GPU's
-                krow["floor_us"] = floors.kernel_floor_us(r, hw if krow["source"] == "analytical" else hw_dev, dtype)
+                on_dev = floors.kernel_floor_us(r, hw_dev, dtype)
+                krow["floor_us"] = floors.kernel_floor_us(r, hw, dtype) if krow["source"] == "analytical" else on_dev
                 krow["x_floor"] = floors.ratio(krow["us"], krow["floor_us"])
-                unit_floors.setdefault(name, {})[r["unit"]] = floors.kernel_floor_us(r, hw_dev, dtype)
+                unit_floors.setdefault(name, {})[r["unit"]] = on_dev
             kernel_rows.append(krow)
         # written with the case's rows (below), so a stopped run never leaves a strategy nobody measured
         strategy_files[variant_name(name)] = (ctx.out / "strategies" / f"{fid}_{name}.json",
