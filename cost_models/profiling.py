@@ -343,8 +343,8 @@ class KernelTimer:
             for w, r in zip(spec.operands[0::2], spec.operands[1::2]):
                 plan = copy_pieces(w.map.shape, list(zip(w.map.pieces, r.map.pieces)), tensors, tables=tables)
                 if plan is not None:
-                    bound.append((plan, list(plan.last_args)))
-            return lambda: [p.launch(a) for p, a in bound]
+                    bound.append((plan, plan.take_args()))
+            return lambda: [p.run(a) for p, a in bound]
         g = spec.graph
 
         def scratch(shape, dtype):

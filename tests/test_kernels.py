@@ -11,6 +11,7 @@ decode sizes in bf16.
 """
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -385,6 +386,11 @@ def test_gemm_split_k_equals_the_tiled_kernel(split, kind):
     plan = gemm(a, b, out, ep, split_k=split)
     assert plan.config["SPLIT"] == split and plan.kernels == 2
     assert_written(out, torch.nn.functional.silu((ar @ br) * 0.5 + bias) + res)
+    # the fp32 partials live for one launch: a cached plan (every autotuned candidate is one) holds none
+    gc.collect()
+    partials = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.dtype == torch.float32
+                and o.numel() == split * M * N]
+    assert plan.workspaces == (split * M * N,) and not partials
 
 
 @pytest.mark.parametrize("m", [1, 5, 16])
@@ -621,14 +627,15 @@ def test_decode_attention_reads_kv_once_per_group(kind):
     k, v, kr, vr, g = kv_ops(kind, B, HQ, HKV, S, D)
     q, qr, out = q_out_ops(B, HQ, 1, D)
     assert kv_group(q, k, v)[0] == g
-    plans = attention(q, k, v, out, num_splits=2)
-    assert len(plans) == 2  # split over the sequence, then the combine kernel
+    plan, = attention(q, k, v, out, num_splits=2)
+    assert plan.kernels == 2  # split over the sequence, then the combine kernel
     ref = attn_ref(qr, kr, vr, 1 / math.sqrt(D))
     assert_written(out, ref)
+    main = plan.parts[0]
     if kind == "concat_aligned":  # the past ends at 32: a multiple of BLOCK_N = 16 or 32, not 64
-        assert plans[0].modes["k"] == (["block"] if 32 % plans[0].config["BLOCK_N"] == 0 else ["element"])
+        assert main.modes["k"] == (["block"] if 32 % main.config["BLOCK_N"] == 0 else ["element"])
     if kind == "concat_unaligned":
-        assert plans[0].modes["k"] == ["element"]
+        assert main.modes["k"] == ["element"]
 
 
 @pytest.mark.parametrize("causal,window,softcap", [(True, None, None), (True, 7, None), (True, None, 5.0),
@@ -660,7 +667,7 @@ def test_attention_plain_layouts_no_split():
     v, vr = read_op("identity", (B, H, S, D), 1, name="v")
     out = write_op("identity", (B, H, SQ, D), 1)
     plans = attention(q, k, v, out, num_splits=1)
-    assert len(plans) == 1
+    assert len(plans) == 1 and plans[0].kernels == 1
     assert_written(out, attn_ref(qr, kr, vr, 1 / math.sqrt(D)))
 
 
@@ -738,21 +745,34 @@ def test_softmax_through_a_pad_map_with_minus_inf_border_and_1d():
 
 
 def test_plans_are_cached():
+    """Identical kernels share one cached plan; a step's Launch takes the plan's arguments (the plan keeps no
+    reference to them: it would keep an executable's storages alive) and launches on them again."""
+    import weakref
+
     from vtcsearch.codegen.kernels import codecache
+    from vtcsearch.codegen.lowering import Launch
     a, _ = read_op("identity", (16, 32), 16)
     b, _ = linear_weight(32, 32)
     p1 = gemm(a, b, write_op("identity", (16, 32), 16))
+    p1.take_args()
     n = len(codecache._PLANS)
     a2, ar2 = read_op("identity", (16, 32), 16)  # new tensors, same signature
     out = write_op("identity", (16, 32), 16)
     p2 = gemm(a2, b, out)
     assert p2 is p1 and len(codecache._PLANS) == n
     assert_written(out, ar2 @ b.gather())
-    # replay: the same tensors with new contents, no re-planning
+    step = Launch.of("mm", "gemm", p2)
+    assert p2.last_args == [] and step.plans[0][1]
+    # the launch again: the same tensors with new contents, no re-planning
     before = ar2 @ b.gather()
     next(iter(a2.tensors.values())).mul_(-2.0)  # (ar2 is that storage)
-    p2.replay()
+    step()
     assert_written(out, -2.0 * before)
+    # nothing but the launch holds the output's storage
+    ref = weakref.ref(next(iter(out.tensors.values())))
+    del step, out
+    gc.collect()
+    assert ref() is None
 
 
 # ---------------------------------------------------------------------------

@@ -50,23 +50,28 @@ class Launch:
 
     def __call__(self) -> None:
         for plan, args in self.plans:
-            plan.launch(args)
+            plan.run(args)
         if self.fn is not None:
             self.fn()
 
     @property
     def kernels(self) -> int:
         """Kernels launched per call (a fallback's are counted by the profiler, not here)."""
-        return sum(getattr(p, "kernels", 1) for p, _ in self.plans)
+        return sum(p.kernels for p, _ in self.plans)
 
     @staticmethod
     def of(name: str, kind: str, plans: Plan | Sequence[Plan] | None) -> "Launch":
-        """Bind the plans' last arguments now (a cached plan is shared by identical kernels)."""
+        """Bind the plans' last arguments now, taking them from the plans (a cached plan is shared by identical
+        kernels, and must not keep this step's storages alive)."""
         if plans is None:
             plans = []
         elif isinstance(plans, Plan):
             plans = [plans]
-        return Launch(name, kind, [(p, list(p.last_args)) for p in plans])
+        taken: dict[int, list] = {}
+        for p in plans:
+            if id(p) not in taken:
+                taken[id(p)] = p.take_args()
+        return Launch(name, kind, [(p, taken[id(p)]) for p in plans])
 
 
 class Context:

@@ -254,7 +254,7 @@ class Executable:
             tensors = {p.target: self.storage(p.target) for pair in r.pairs for p in pair if p.target}
             plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
             if plan is not None:
-                launch.plans.append((plan, list(plan.last_args)))
+                launch.plans.append((plan, plan.take_args()))
         if all(t in const for t in op.inputs):
             self.folded.append(name)       # done once, just now
         elif launch.plans:

@@ -29,13 +29,14 @@ Decode-shaped problems (few query rows) split the key sequence over programs
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
 from ..heads import shares_heads
 from .autotune import autotune
-from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .codecache import PartsPlan, Plan, compile_source, interpreting, key_of, plan_cache
 from .emit import IO, next_pow2, render, tl_dtype
 from .operand import Operand
 
@@ -122,6 +123,19 @@ def attn_combine(@params@, ws_o, ws_m, ws_l, SPLITS: tl.constexpr, SPLITS_P2: tl
     # stage 3: through the output map
     @@store
 """
+
+
+@dataclass
+class SplitKVPlan(PartsPlan):
+    """Split-KV attention: the main kernel writes each split's partial output, max and sum to fp32 workspaces
+    (allocated per run), the combine kernel merges them into the output.  A step's arguments are q, k, v (and
+    mask) arguments, then the output's, then the KV length."""
+
+    n_qkv: int = 0
+
+    def part_args(self, k: int, args, ws: list) -> list:
+        n = self.n_qkv
+        return list(args[:n]) + ws + [args[-1]] if k == 0 else list(args[n:-1]) + ws
 
 
 def _shares_kv(op: Operand, g: int) -> bool:
@@ -314,14 +328,13 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         if SPL == 1:
             dummy = torch.empty(1, device=dev, dtype=torch.float32)
             ps[0].launch(qkv_args + out.kernel_args() + [dummy, dummy, dummy, kvlen_arg])
-        else:
-            rows = B * HQ * SQ * SPL
-            ws_o = torch.empty(rows * BLOCK_DV, device=dev, dtype=torch.float32)
-            ws_m = torch.empty(rows, device=dev, dtype=torch.float32)
-            ws_l = torch.empty(rows, device=dev, dtype=torch.float32)
-            ps[0].launch(qkv_args + [ws_o, ws_m, ws_l, kvlen_arg])
-            ps[1].launch(out.kernel_args() + [ws_o, ws_m, ws_l])
-        return ps
+            return ps
+        rows = B * HQ * SQ * SPL
+        both = plan_cache(key_of(base_key, sorted(cfg.items()), "split"), lambda: SplitKVPlan(
+            "attention", None, ps[0].grid, source=ps[0].source + ps[1].source, modes=ps[0].modes, config=cfg,
+            parts=ps, workspaces=(rows * BLOCK_DV, rows, rows), n_qkv=len(qkv_args)))
+        both.launch(qkv_args + out.kernel_args() + [kvlen_arg])
+        return [both]
 
     cfg = autotune(base_key, configs, lambda c: (lambda: launch(c)), written=out.tensors.values(), device=dev)
     return launch(cfg)

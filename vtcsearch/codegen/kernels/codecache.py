@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -92,13 +93,70 @@ class Plan:
     last_args: list = field(default_factory=list, repr=False)
 
     def launch(self, args: Sequence) -> None:
+        """Run on ``args`` and keep them for :meth:`take_args` (not inside :func:`unrecorded`)."""
+        if not getattr(_UNRECORDED, "on", False):
+            self.last_args = list(args)
+        self.run(args)
+
+    def run(self, args: Sequence) -> None:
+        """Launch the kernel on ``args`` (a step's bound arguments: nothing recorded)."""
         opts = {} if interpreting() else self.options
-        self.last_args = list(args)
         self.kernel[self.grid](*args, **self.constexprs, **opts)
 
-    def replay(self) -> None:
-        """Launch again with the last call's arguments (same tensors, new contents): no re-planning."""
-        self.launch(self.last_args)
+    @property
+    def kernels(self) -> int:
+        """Kernels one run launches."""
+        return 1
+
+    def take_args(self) -> list:
+        """The last recorded launch's arguments, forgotten by the plan.  A plan is cached for the process and
+        shared by identical kernels of every executable: arguments it kept would keep an executable's storages
+        (a whole slab) alive after the executable is gone; the :class:`~vtcsearch.codegen.lowering.Launch` that
+        takes them owns them instead."""
+        args, self.last_args = self.last_args, []
+        return args
+
+
+@dataclass
+class PartsPlan(Plan):
+    """Kernels run one after another as one step, passing partial results through fp32 workspaces (split-K's
+    partial sums, split-KV attention's partial outputs).
+
+    The workspaces are allocated per run, never held: plans live in the process-wide cache (every autotuned
+    candidate too), and a workspace held per plan kept ~125 MiB of a Llama 3 8B decode step allocated for the
+    life of the process (the LM head's split-K candidates at N = 128256).  Per run it is one more block of the
+    caching allocator, or of the CUDA graph's pool, which the next step reuses."""
+
+    parts: list[Plan] = field(default_factory=list)
+    workspaces: tuple[int, ...] = ()        # elements of each fp32 workspace
+
+    def part_args(self, k: int, args: Sequence, ws: list[torch.Tensor]) -> list:
+        """Arguments of part ``k``: the step's, then the workspaces (a subclass may pick)."""
+        return list(args) + ws
+
+    def run(self, args: Sequence) -> None:
+        device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+        ws = [torch.empty(n, dtype=torch.float32, device=device) for n in self.workspaces]
+        for k, p in enumerate(self.parts):
+            p.run(self.part_args(k, args, ws))
+
+    @property
+    def kernels(self) -> int:
+        return len(self.parts)
+
+
+_UNRECORDED = threading.local()
+
+
+@contextmanager
+def unrecorded():
+    """Launches inside leave no arguments on their plans: autotuning's candidates, never bound to a step."""
+    prev = getattr(_UNRECORDED, "on", False)
+    _UNRECORDED.on = True
+    try:
+        yield
+    finally:
+        _UNRECORDED.on = prev
 
 
 _PLANS: dict[str, Plan] = {}

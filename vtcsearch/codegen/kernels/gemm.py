@@ -34,7 +34,7 @@ import torch
 from ._lib import ACTIVATIONS
 from .pointwise import index_codes
 from .autotune import autotune
-from .codecache import Plan, compile_source, interpreting, key_of, plan_cache
+from .codecache import PartsPlan, Plan, compile_source, interpreting, key_of, plan_cache
 from .emit import IO, next_pow2, render, tl_dtype
 from .operand import Operand
 from ..split_k import decode_split_configs, split_configs  # noqa: F401  (the one split decision)
@@ -182,20 +182,9 @@ _SPLIT_TILE = ["pid = tl.program_id(0)", "pid_b = tl.program_id(1)", "num_pid_n 
 
 
 @dataclass
-class SplitPlan(Plan):
-    """Split-K: the partial-sum kernel, then the reduce + epilogue kernel, sharing an fp32 workspace."""
-
-    parts: list[Plan] = field(default_factory=list)
-    workspace: torch.Tensor | None = None
-
-    def launch(self, args: Sequence) -> None:
-        self.last_args = list(args)
-        for p in self.parts:
-            p.launch(list(args) + [self.workspace])
-
-    @property
-    def kernels(self) -> int:
-        return len(self.parts)
+class SplitPlan(PartsPlan):
+    """Split-K: the partial-sum kernel, then the reduce + epilogue kernel, sharing an fp32 workspace (allocated
+    per run: :class:`~vtcsearch.codegen.kernels.codecache.PartsPlan`)."""
 
 
 def _configs(M: int, N: int, K: int, gpu: bool) -> list[dict]:
@@ -411,9 +400,8 @@ def gemm(a: Operand, b: Operand, out: Operand, epilogue: Epilogue | None = None,
                         {"BM": BM, "BN": BN, "BK": BK, "KS": KS}, opts, psrc, modes, cfg)
             red = Plan("gemm_reduce", compile_source("gemm_reduce_kernel", rsrc), (tiles, B),
                        {"BM": BM, "BN": BN, "SPLIT": split}, {"num_warps": 4}, rsrc, modes, cfg)
-            ws = torch.empty(split * B * M * N, dtype=torch.float32, device=out.device)
             return SplitPlan("gemm", None, (tiles, B, split), {}, {}, psrc + rsrc, modes, cfg,
-                             parts=[part, red], workspace=ws)
+                             parts=[part, red], workspaces=(split * B * M * N,))
         src = render(_TEMPLATE, params=params, prologue=prologue, M=str(M), N=str(N), K=str(K),
                      load_a=load_a, load_b=load_b, epilogue=epi, store=store, dot_opts=dot_opts,
                      norm_stats=norm_stats, norm_apply=norm_apply)
