@@ -185,6 +185,38 @@ def test_append_keeps_the_cases_it_does_not_redo(tiny_run, tmp_path):
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--append"]) == 2
 
 
+def test_rewrite_sets_old_rows_against_the_floor_of_the_gpu_that_measured_them(tiny_run, tmp_path):
+    """``--rewrite`` runs nothing and writes the folder again from its summary: a row an older run wrote with
+    the H200's floor (its case record names no GPU) while an H100 measured it gets the H100's floor; the
+    measurement itself, the command and the log stay."""
+    import shutil
+
+    from cost_models.hardware import Hardware
+    from vtcsearch import floors
+    from vtcsearch.config import torch_dtype
+    _, first = tiny_run
+    out = tmp_path / "old"
+    shutil.copytree(first, out)
+    s = json.loads((out / "summary.json").read_text())
+    case = s["cases"][0]
+    case["floor"].pop("hardware", None)                 # as written before floors were per GPU
+    row = next(r for r in s["rows"] if r["variant"] == "vtc_none")
+    row.update(machine="NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130, triton 3.6.0)", measured_latency_us=500.0,
+               latency_us=500.0, floor_us=case["floor"]["floor_us"], x_floor=500.0 / case["floor"]["floor_us"])
+    (out / "summary.json").write_text(json.dumps(s))
+    log = (out / "log.txt").read_text()
+    assert main([str(TINY), "--out", str(out), "--rewrite"]) == 0
+    s2 = json.loads((out / "summary.json").read_text())
+    row2 = next(r for r in s2["rows"] if r["variant"] == "vtc_none")
+    h100 = floors.floor_us(case["floor"]["floor_bytes"], case["floor"]["floor_flops"], Hardware.preset("H100"),
+                           torch_dtype(case["dtype"]))
+    assert row2["floor_us"] == pytest.approx(h100) and row2["x_floor"] == pytest.approx(500.0 / h100)
+    assert row2["floor_us"] > case["floor"]["floor_us"]          # the H100 streams less than the H200
+    assert row2["measured_latency_us"] == 500.0 and row2["command"] == row["command"]
+    assert (out / "log.txt").read_text() == log
+    assert main([str(TINY), "--out", str(tmp_path / "nothing"), "--rewrite"]) == 2
+
+
 def test_a_failed_appended_piece_keeps_the_earlier_rows_and_a_fault_stops_the_later_cases(tiny_run, tmp_path,
                                                                                            monkeypatch):
     """An --append piece whose case fails (here a CUDA fault, as on the H100) puts the folder's earlier rows of

@@ -1112,11 +1112,24 @@ def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[di
     write_summary(ctx.out, summary, kernel_rows, log, wall_s)
 
 
+def refresh_floors(summary: dict[str, Any]) -> None:
+    """Every row against its case's floor on the GPU that measured it, as :func:`finish_rows` sets a case's rows:
+    a case an appended run did not redo keeps rows an older run wrote, which may predate floors per GPU (an
+    H100 row set against the H200's floor)."""
+    cases = {(c.get("case"), c.get("batch")): c for c in summary.get("cases", [])}
+    for r in summary.get("rows", []):
+        case = cases.get((r.get("case"), r.get("batch")))
+        floor_us = floors.row_floor_us(case, r) if case and r.get("latency_us") else None
+        if floor_us:
+            r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
+
+
 def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], log: Log,
                   wall_s: float) -> None:
     """Every output file of the run so far (summary.json last: it lists the others)."""
     from . import report
     summary["wall_s"] = wall_s
+    refresh_floors(summary)
     labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
     for key in ("cases", "rows", "numerics", "steps", "conv_layers", "profile"):   # config order, whatever order
@@ -1359,7 +1372,33 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ap.add_argument("--force", action="store_true",
                     help="let a run without a GPU write into a folder holding measured results")
     ap.add_argument("--quiet", action="store_true", help="no progress lines (the summary table is still printed)")
+    ap.add_argument("--rewrite", action="store_true",
+                    help="run nothing: write the output folder's report, CSVs and plots again from its summary.json "
+                         "and kernels.csv with this code (derived fields such as floors per GPU); the "
+                         "measurements, commands and dates stay as they are")
     return ap.parse_args(argv)
+
+
+def rewrite(out: Path) -> int:
+    """``--rewrite``: the folder's files written again from what it holds; nothing is run or measured."""
+    try:
+        earlier = Earlier.read(out)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if earlier is None:
+        print(f"error: --rewrite: {out}/summary.json does not exist", file=sys.stderr)
+        return 2
+    class KeptLog(Log):      # log.txt is the runs' own: the rewrite adds nothing to it
+        def __call__(self, msg: str) -> None:
+            pass
+    log = KeptLog(quiet=True)
+    path = out / "log.txt"
+    log.lines = path.read_text().splitlines() if path.exists() else []
+    summary = earlier.summary
+    write_summary(out, summary, earlier.kernels, log, summary.get("wall_s") or 0.0)
+    print(f"rewrote {out}/ from its summary.json ({len(summary.get('rows', []))} rows)")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1422,6 +1461,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
     # a modelled run never lands in the config's folder of committed (measured) results
     out = Path(args.out) if args.out else Path(cfg.output) if device == "cuda" else modelled_folder(cfg.output)
+    if args.rewrite:
+        return rewrite(Path(args.out) if args.out else Path(cfg.output))
     try:
         prepare_out(out, measured=device == "cuda", force=args.force, append=args.append)
     except OutputError as e:
