@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -40,8 +39,6 @@ from .codecache import PartsPlan, Plan, compile_source, interpreting, key_of, pl
 from .emit import IO, next_pow2, render, tl_dtype
 from .operand import Operand
 
-if TYPE_CHECKING:
-    from ...core.mapping import IndexMap
 
 _MAIN = """
 @triton.jit

@@ -26,7 +26,7 @@ the tiled configurations on a GPU; ``gemm(..., split_k=n)`` forces one.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
