@@ -4,7 +4,7 @@ For one unit in one configuration::
 
     t_mem     = dram_bytes / bandwidth + l2_bytes / l2_bandwidth
     t_compute = flops / peak(dtype, tensor cores?) + index_ops / int_ops
-    t         = max(t_mem, t_compute) + launch
+    t         = max(t_mem, t_compute) + launch + graph gap
 
 Bytes come from the resolved maps of the unit's operands
 (:class:`~cost_models.accounting.TrafficModel`):
@@ -22,6 +22,11 @@ Bytes come from the resolved maps of the unit's operands
   integer pipes per element.
 
 Residual copies are one copy kernel each: read bytes plus write bytes, no FLOPs.
+
+Every kernel costs ``Hardware.kernel_s`` beyond its body: the launch a kernel timed alone shows (``launch_s``)
+and the gap between dependent kernels of one CUDA-graph replay (``graph_gap_s``, fitted to whole graphs by
+``python -m experiments.oracle_accuracy --fit-gap``), so a strategy of fewer kernels is worth what it is in a
+whole model, not only what the kernels timed one by one show.
 
 Beyond the roofline (issue 12 item 2, fitted on the H200 by ``python -m
 experiments.calibrate --from-db``), all constants in :mod:`cost_models.hardware`:
@@ -228,7 +233,7 @@ class AnalyticalOracle(CostOracle):
                     split, body = cfg["SPLIT"], t
         if pieces:   # piece predicates inside the K loop: the whole kernel slows, not just its FLOPs
             body /= hw.eff("triton", "pieces")
-        seconds = body + hw.launch_s
+        seconds = body + hw.kernel_s
         detail: dict[str, Any] = {"t_mem": t_mem, "t_compute": t_comp, "t_serial": t_serial, "dram_bytes": dram,
                                   "l2_bytes": l2, "through_maps": through_maps, "pieces": pieces, "split_k": split,
                                   "prologue_l2_bytes": pro_l2 * geo.programs("triton") if pro_l2 else 0.0,
@@ -266,7 +271,7 @@ class AnalyticalOracle(CostOracle):
                 steps += pro_steps // max(1, geo.k_steps()) * -(-geo.k // bk)
             body = self._body(geo, "triton", dram + ws, l2 + pro_l2 * programs, flops, peak, t_extra, programs,
                               steps)[3]
-            out.append((cfg, body + self._t_dram(ws) + hw.launch_s))
+            out.append((cfg, body + self._t_dram(ws) + hw.kernel_s))
         return out
 
     def _library(self, spec: UnitSpec) -> UnitCost:
@@ -287,7 +292,7 @@ class AnalyticalOracle(CostOracle):
         ekind = geo.kind if kind == "conv" else kind
         peak = hw.peak(spec.compute_dtype, True) * hw.eff("library", ekind)
         t_mem, t_comp, t_serial, body = self._body(geo, "library", dense, 0.0, flops, peak)
-        t_call = body + hw.launch_s
+        t_call = body + hw.kernel_s
         t_ep, ep_bytes = 0.0, 0.0
         if kind != "attention" and len(group.ops) > 1:   # the epilogue: reads the product, writes the outputs
             ep = Traffic()
@@ -296,7 +301,7 @@ class AnalyticalOracle(CostOracle):
                     ep += self.traffic.access(o.map, o.itemsize, strides, write=o.role != "r")
             prod_bytes = sum(g.tensors[t].nbytes for t in outs)
             ep_bytes = ep.bytes + prod_bytes
-            t_ep = self._t_dram(ep.dram_bytes + prod_bytes) + ep.l2_bytes / hw.l2_bandwidth + hw.launch_s
+            t_ep = self._t_dram(ep.dram_bytes + prod_bytes) + ep.l2_bytes / hw.l2_bandwidth + hw.kernel_s
         seconds = t_copy + t_call + t_ep
         return UnitCost(seconds, bytes=dense + ep_bytes, flops=spec.flops,
                         detail={"impl": "library", "t_copy": t_copy, "library_copies": copies,
@@ -318,7 +323,7 @@ class AnalyticalOracle(CostOracle):
             if o is not None and needs_copy(kind, o.map, strides):
                 tr = self.traffic.access(o.map, o.itemsize, strides, write=t in outs)
                 t_copy += (self._t_dram(tr.dram_bytes + nbytes) + tr.l2_bytes / hw.l2_bandwidth) \
-                    / hw.eff("library", "gather") + hw.launch_s * max(1, len(o.map.pieces))
+                    / hw.eff("library", "gather") + hw.kernel_s * max(1, len(o.map.pieces))
                 copies += 1
         return t_copy, copies, dense
 
@@ -349,11 +354,11 @@ class AnalyticalOracle(CostOracle):
             op = library_op(g, group)
             if len(group.ops) > 1 and op is not None:
                 prod = sum(g.tensors[t].nbytes for t in op.outputs)   # written by the conv, read by the epilogue
-                t_ep = self._t_dram(2 * prod) + hw.launch_s
+                t_ep = self._t_dram(2 * prod) + hw.kernel_s
             _, _, t_serial, body = self._body(geo, "triton", dense, 0.0, full, peak)
         else:
             t_serial, body = 0.0, max(self._t_dram(dense), full / peak if full else 0.0)
-        t_call = body + hw.launch_s
+        t_call = body + hw.kernel_s
         return UnitCost(t_copy + t_call + t_ep, bytes=dense, flops=spec.flops,
                         detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call,
                                 "t_epilogue": t_ep, "t_serial": t_serial})

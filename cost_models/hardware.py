@@ -23,7 +23,10 @@ class Hardware:
     flops: dict[str, float]           # dtype -> FLOP/s on tensor cores (matmul, conv, attention)
     simt_flops: float                 # FLOP/s of the vector units (pointwise, reductions; fp32)
     int_ops: float                    # integer ops/s (index arithmetic)
-    launch_s: float = 2.0e-6          # per-kernel launch and tail overhead
+    launch_s: float = 2.0e-6          # per-kernel launch and tail overhead, as a kernel timed alone shows it
+    graph_gap_s: float = 0.0          # the extra time per kernel of a chain of dependent kernels in one CUDA-graph
+    #                                   replay (a whole model), which a kernel timed alone does not show; fitted
+    #                                   to committed whole-graph measurements: experiments.oracle_accuracy --fit-gap
     sector_bytes: int = 32            # DRAM transaction granularity
     coalesce_bytes: int = 128         # one warp's fully coalesced access
     short_run_penalty: float = 0.25   # extra cost of runs shorter than coalesce_bytes (at zero length)
@@ -48,6 +51,11 @@ class Hardware:
             return self.simt_flops
         key = str(dtype).replace("torch.", "") if dtype is not None else "float32"
         return self.flops.get(key, self.flops.get("float32", self.simt_flops))
+
+    @property
+    def kernel_s(self) -> float:
+        """What one kernel of a realized graph costs beyond its body: its launch and the gap to the next."""
+        return self.launch_s + self.graph_gap_s
 
     def eff(self, impl: str, kind: str) -> float:
         """Fraction of :meth:`peak` that ``impl`` reaches on a ``kind`` kernel (``triton/maps``: the extra
@@ -121,7 +129,7 @@ EFFICIENCY: dict[str, float] = {
 }
 
 # Hardware fields a calibration file may set (experiments.calibrate --from-db fits them)
-CALIBRATED_FIELDS = ("launch_s", "program_bandwidth", "k_step_s", "resident_bytes", "resident_bandwidth",
+CALIBRATED_FIELDS = ("launch_s", "graph_gap_s", "program_bandwidth", "k_step_s", "resident_bytes", "resident_bandwidth",
                      "swap_read_penalty", "swap_write_penalty", "tile2d_pieces", "short_run_penalty")
 
 

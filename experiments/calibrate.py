@@ -333,6 +333,7 @@ def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
            "hardware": hw_fields, "efficiency": eff, "errors": err, "split_k": a.split_k,
            "unconstrained": sorted(k for k, v in info.items() if not v["constrained"]),
            "written_by": written_by}
+    keep_graph_gap(out, doc)
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
     with open(os.path.splitext(out)[0] + ".csv", "w", newline="") as f:
@@ -346,6 +347,19 @@ def from_db(a: argparse.Namespace, argv: list[str] | None) -> int:
     print(json.dumps({"hardware": hw_fields, "efficiency": eff}, indent=1))
     print(f"wrote {out} and {os.path.splitext(out)[0]}.csv")
     return 0
+
+
+def keep_graph_gap(path: str, doc: dict[str, Any]) -> None:
+    """Keep the graph gap of the calibration file being replaced: units timed alone do not show it (the fit
+    above runs without it), so it comes from another fit, to whole graphs (experiments.oracle_accuracy
+    --fit-gap)."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f)
+    if "graph_gap_s" in old.get("hardware", {}):
+        doc["hardware"]["graph_gap_s"] = old["hardware"]["graph_gap_s"]
+        doc["graph_gap"] = old.get("graph_gap")
 
 
 def _round(v: Any) -> Any:

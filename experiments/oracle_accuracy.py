@@ -16,6 +16,14 @@ today's VTOG by signature (:func:`edge_signature`); one with more than :data:`MA
 (the VTOG changed since the run, or the GPU machine's transformers captured another graph) is reported as
 drifted, not predicted; a workload this machine cannot build (torchvision or timm not installed) as skipped.
 Nothing is timed here: every measured number is the committed one, and the folder says which run measured it.
+
+``--fit-gap`` also fits ``Hardware.graph_gap_s``, the time per kernel that a chain of dependent kernels in one
+CUDA-graph replay costs beyond what the same kernels timed alone show (the unit-level calibration,
+``experiments.calibrate --from-db``, cannot see it): the value that minimizes the sum of ``|log(model /
+measured)|`` over the rows, each row's model being linear in it (its latency without the gap plus the gap times
+the kernels the model counts).  It reports the fit left out one folder at a time, writes the value into the
+calibration file of the folders' preset (cost_models/calibration/H200.json, which the H100 shares) and predicts
+with it.
 """
 from __future__ import annotations
 
@@ -130,18 +138,22 @@ def load_strategy(vtog, folder: Path, case: dict[str, Any], solver: str):
     return s, note
 
 
-def oracle_of(summary: dict[str, Any], hardware: str | None = None):
+def oracle_of(summary: dict[str, Any], hardware: str | None = None, graph_gap_s: float | None = None):
     """The analytical oracle with the folder's settings (implementations, split-K) on ``hardware`` (the folder's
-    by default)."""
+    by default); ``graph_gap_s``: with that graph gap instead of the calibrated one."""
     from cost_models import AnalyticalOracle
+    from cost_models.hardware import Hardware
     o = summary.get("oracle", {})
     impls = o.get("implementations") or summary["config"].get("oracle_options", {}).get("implementations")
-    return AnalyticalOracle(hardware or summary["config"].get("hardware") or "H200",
-                            implementations=impls or ("triton",), split_k=o.get("split_k", True))
+    hw = Hardware.preset(hardware or summary["config"].get("hardware") or "H200")
+    if graph_gap_s is not None:
+        hw = hw.with_(graph_gap_s=graph_gap_s)
+    return AnalyticalOracle(hw, implementations=impls or ("triton",), split_k=o.get("split_k", True))
 
 
-def predict(folders: Sequence[Path], log=print) -> list[dict[str, Any]]:
-    """One row per measured vtcsearch variant: measured, recorded prediction, the analytical model at HEAD."""
+def predict(folders: Sequence[Path], log=print, kernels: bool = False) -> list[dict[str, Any]]:
+    """One row per measured vtcsearch variant: measured, recorded prediction, the analytical model at HEAD
+    (``kernels``: also the model without the graph gap, ``base_us``, and the kernels it counts, ``kernels``)."""
     out: list[dict[str, Any]] = []
     built: dict[tuple, Any] = {}
     for folder in folders:
@@ -176,9 +188,57 @@ def predict(folders: Sequence[Path], log=print) -> list[dict[str, Any]]:
                 continue
             ev = oracle_of(summary, hw).evaluate(s)
             row["model_us"] = ev.latency_s * 1e6
+            if kernels:   # the model is linear in the gap: its latency without it, and its slope (kernels)
+                base = oracle_of(summary, hw, 0.0).evaluate(s).latency_s
+                row["base_us"] = base * 1e6
+                row["kernels"] = round((oracle_of(summary, hw, 1e-6).evaluate(s).latency_s - base) / 1e-6)
             log(f"{folder.name:14s} {r['case']:18s} bs{r['batch']:<3d} {r['variant']:22s} measured "
                 f"{row['measured_us']:9.1f} model {row['model_us']:9.1f} ({row['model_us'] / row['measured_us']:.2f})")
     return out
+
+
+def fit_gap(rows: list[dict[str, Any]], step_us: float = 0.05, max_us: float = 10.0) -> float:
+    """The graph gap in seconds (a multiple of ``step_us`` up to ``max_us``) that minimizes the sum of
+    ``|log(model / measured)|`` over ``rows`` (each with ``base_us``, ``kernels`` and ``measured_us``)."""
+    rows = [r for r in rows if r.get("base_us")]
+
+    def loss(g_us: float) -> float:
+        return sum(abs(math.log((r["base_us"] + g_us * r["kernels"]) / r["measured_us"])) for r in rows)
+    grid = [k * step_us for k in range(int(round(max_us / step_us)) + 1)]
+    return min(grid, key=loss) * 1e-6
+
+
+def with_gap(rows: list[dict[str, Any]], gap_s: float) -> list[dict[str, Any]]:
+    """The rows predicted with graph gap ``gap_s``."""
+    return [{**r, "model_us": r["base_us"] + gap_s * 1e6 * r["kernels"]} if r.get("base_us") else r for r in rows]
+
+
+def cross_validate(rows: list[dict[str, Any]], current_s: float) -> list[dict[str, Any]]:
+    """The gap fitted without one folder at a time, and that folder's rows within the target before (the
+    calibrated gap, ``current_s``) and after."""
+    out = []
+    for folder in dict.fromkeys(r["folder"] for r in rows if r.get("base_us")):
+        g = fit_gap([r for r in rows if r["folder"] != folder])
+        mine = [r for r in rows if r["folder"] == folder]
+        out.append({"folder": folder, "gap_us": g * 1e6, "rows": len([r for r in mine if r.get("base_us")]),
+                    "within_before": stats(with_gap(mine, current_s)).get("within_target", 0),
+                    "within_after": stats(with_gap(mine, g)).get("within_target", 0)})
+    return out
+
+
+def save_gap(preset: str, gap_s: float, fit: dict[str, Any]) -> Path:
+    """Write the fitted gap into the calibration file of ``preset`` (the file it reads: its own, or the one it
+    shares)."""
+    from cost_models.hardware import CALIBRATION_OF
+    cal = Path(__file__).resolve().parents[1] / "cost_models" / "calibration"
+    path = cal / f"{preset}.json"
+    if not path.exists() and preset in CALIBRATION_OF:
+        path = cal / f"{CALIBRATION_OF[preset]}.json"
+    doc = json.loads(path.read_text()) if path.exists() else {"preset": preset, "hardware": {}, "efficiency": {}}
+    doc.setdefault("hardware", {})["graph_gap_s"] = float(f"{gap_s:.4g}")
+    doc["graph_gap"] = fit
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
 
 
 def stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -191,7 +251,7 @@ def stats(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "within_target": sum(abs(x - 1) <= TARGET for x in r)}
 
 
-def write(out: Path, rows: list[dict[str, Any]], command: str) -> None:
+def write(out: Path, rows: list[dict[str, Any]], command: str, gap: dict[str, Any] | None = None) -> None:
     import pandas as pd
     out.mkdir(parents=True, exist_ok=True)
     machine = f"{platform.node() or 'cpu'} ({platform.machine()}, no GPU: predictions only; measurements from " \
@@ -214,6 +274,17 @@ def write(out: Path, rows: list[dict[str, Any]], command: str) -> None:
     if st["n"]:
         lines += [f"**{st['within_target']} of {st['n']} predictions within 25%**; median factor off "
                   f"{st['median_factor']:.2f}x, worst {st['worst_factor']:.2f}x.", ""]
+    if gap:
+        lines += ["## The graph gap", "",
+                  f"Fitted here (`--fit-gap`): **{gap['gap_us']:.2f} us per kernel** beyond the calibrated launch "
+                  f"({gap['launch_us']:.3f} us, units timed alone), over {gap['rows']} rows; the calibrated gap was "
+                  f"{gap['before_us']:.2f} us, with which {gap['within_before']} of {gap['rows']} were within 25%. "
+                  "Left out one folder at a time (the gap fitted on the others, that folder's rows within 25%):", "",
+                  "| folder left out | gap fitted on the others us | its rows | within 25% before | after |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| `{c['folder']}` | {c['gap_us']:.2f} | {c['rows']} | {c['within_before']} | {c['within_after']} |"
+                  for c in gap["cross_validation"]]
+        lines.append("")
     lines += ["| folder | case | batch | variant | GPU | measured us | recorded us (oracle) | model at HEAD us | "
               "model / measured | note |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -230,10 +301,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folders", nargs="+", type=Path)
     ap.add_argument("--out", type=Path, default=Path("results/oracle_accuracy"))
+    ap.add_argument("--fit-gap", action="store_true",
+                    help="fit Hardware.graph_gap_s to the rows, write it into the calibration file, predict with it")
     args = ap.parse_args(argv)
-    rows = predict(args.folders)
-    write(args.out, rows, "python -m experiments.oracle_accuracy " + " ".join(sys.argv[1:] if argv is None
-                                                                              else argv))
+    command = "python -m experiments.oracle_accuracy " + " ".join(sys.argv[1:] if argv is None else argv)
+    rows = predict(args.folders, kernels=args.fit_gap)
+    gap = None
+    if args.fit_gap:
+        from cost_models.hardware import Hardware
+        hw = Hardware.preset("H200")
+        g = fit_gap(rows)
+        fitted = [r for r in rows if r.get("base_us")]
+        gap = {"gap_us": g * 1e6, "before_us": hw.graph_gap_s * 1e6, "launch_us": hw.launch_s * 1e6,
+               "rows": len(fitted), "within_before": stats(with_gap(fitted, hw.graph_gap_s)).get("within_target", 0),
+               "cross_validation": cross_validate(rows, hw.graph_gap_s)}
+        rows = with_gap(rows, g)
+        path = save_gap("H200", g, {**{k: v for k, v in gap.items() if k != "cross_validation"},
+                                    "within_after": stats(rows).get("within_target", 0),
+                                    "command": command, "date": dt.datetime.now(dt.timezone.utc).isoformat(
+                                        timespec="seconds")})
+        print(f"graph gap {g * 1e6:.2f} us per kernel (was {hw.graph_gap_s * 1e6:.2f}); wrote {path}")
+    write(args.out, rows, command, gap)
     st = stats(rows)
     print(f"{st.get('within_target', 0)} of {st['n']} within 25%; wrote {args.out}/report.md")
     return 0

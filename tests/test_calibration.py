@@ -45,9 +45,14 @@ def test_recorded_replays_the_ilp_without_misses(litemla, recorded_optimum):
 
 def test_analytical_ilp_agrees_with_the_h200(litemla, recorded_optimum):
     """The analytical ILP's strategy, priced by the H200's measurements, is within 10% of the measured
-    optimum (before calibration: ~3x worse, 424.5 us measured; results/vision_blocks/report.md)."""
+    optimum (before calibration: ~3x worse, 424.5 us measured; results/vision_blocks/report.md).
+
+    The measurements predate split-K GEMMs (the autotuner timed tiled kernels only), so the model prices the
+    same kernels (``split_k=False``, as the calibration was fitted): with split-K it prices LiteMLA's bmm at
+    10 us where the tiled kernel measured 52 us, and which strategy the two then agree on is luck (with the
+    graph gap it took the pad map's edge, whose tiled bmm measured 246 us)."""
     rec, best = recorded_optimum
-    an = AnalyticalOracle("H200", implementations=IMPLS)
+    an = AnalyticalOracle("H200", implementations=IMPLS, split_k=False)
     res = get_solver("ilp")(litemla, an, budget=60)
     measured = rec.evaluate(res.strategy, rows=False).objective
     assert rec.misses == 0

@@ -91,6 +91,18 @@ def test_breakdown_has_every_kernel(vtogs):
     assert ev.objective == ev.latency_s and ev.peak_bytes > 0
 
 
+def test_graph_gap_costs_every_kernel_once(vtogs):
+    """``Hardware.graph_gap_s`` (dependent kernels in one CUDA-graph replay) adds the same time to every kernel
+    the model prices, so a strategy's latency grows by the gap times its kernels, and nothing else moves."""
+    v = vtogs[0]
+    hw = AnalyticalOracle("H100").hw
+    base = AnalyticalOracle(hw.with_(graph_gap_s=0.0)).evaluate(Strategy(v, []))
+    gapped = AnalyticalOracle(hw.with_(graph_gap_s=3e-6)).evaluate(Strategy(v, []))
+    kernels = (base.breakdown().seconds > 0).sum()
+    assert kernels > 0 and gapped.latency_s == pytest.approx(base.latency_s + 3e-6 * kernels)
+    assert hw.with_(graph_gap_s=3e-6).kernel_s == pytest.approx(hw.launch_s + 3e-6)
+
+
 def test_expand_read_counts_distinct_bytes():
     """A GQA-style read through an Expand map moves the KV head once from DRAM; repeats go to L2."""
     shape = (2, 8, 4, 16)        # [b, kv, group, d] read from a [2, 8, 16] storage
@@ -228,7 +240,7 @@ def test_an_inductor_conv_runs_its_epilogue_as_a_kernel_of_its_own():
     assert fused and bare and mm
     prod = g.tensors[g.ops[g.groups[fused[0]].ops[0]].outputs[0]].nbytes
     hw = oracle.hw
-    assert rows[fused[0]]["t_epilogue"] == pytest.approx(oracle._t_dram(2 * prod) + hw.launch_s)
+    assert rows[fused[0]]["t_epilogue"] == pytest.approx(oracle._t_dram(2 * prod) + hw.kernel_s)
     assert rows[bare[0]]["t_epilogue"] == 0 and rows[mm[0]]["t_epilogue"] == 0
     assert rows[fused[0]]["seconds"] == pytest.approx(rows[fused[0]]["t_call"] + rows[fused[0]]["t_epilogue"])
 

@@ -182,6 +182,20 @@ def test_kernel_time_by_class_says_which_kernels_make_a_case_slower(tmp_path):
     assert "## Kernel time by class" in report
 
 
+def test_fit_gap_recovers_the_gap_of_linear_rows():
+    """``--fit-gap``: each row's model is its latency without the gap plus the gap times its kernels; the fit
+    finds the gap that made the measurements, and left out one folder at a time it still does."""
+    from experiments.oracle_accuracy import cross_validate, fit_gap, with_gap
+    rows = [{"folder": f"f{k % 3}", "base_us": b, "kernels": n, "measured_us": b + 1.5 * n}
+            for k, (b, n) in enumerate([(100.0, 10), (50.0, 60), (2000.0, 300), (30.0, 8), (400.0, 120),
+                                        (900.0, 30)])]
+    assert fit_gap(rows) == pytest.approx(1.5e-6)
+    assert all(r["model_us"] == pytest.approx(r["measured_us"]) for r in with_gap(rows, 1.5e-6))
+    cv = cross_validate(rows, 0.0)
+    assert [c["gap_us"] for c in cv] == pytest.approx([1.5] * 3)
+    assert all(c["within_after"] == c["rows"] for c in cv)
+
+
 def test_oracle_accuracy_prices_the_committed_strategies(tmp_path):
     """experiments.oracle_accuracy loads each measured strategy of a committed folder onto the VTOG rebuilt at
     HEAD and prices it; an edge renumbered since the run (``clone_3`` -> ``clone_2``) is matched by its
