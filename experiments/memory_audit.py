@@ -1,5 +1,5 @@
-"""Where a realized strategy's memory goes on the GPU: bytes held after building, after the CUDA-graph capture,
-and after a call, and the live CUDA tensors that hold them (issue 15, peak memory).
+"""Where a realized strategy's memory goes on the GPU: bytes held after building and after the CUDA-graph capture
+and a replay, and the live CUDA tensors that hold them (issue 15, peak memory).
 
     python3 -m experiments.memory_audit configs/llama3_8b.yaml --case decode --batch 1 --solver ilp
 

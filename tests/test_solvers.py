@@ -142,9 +142,11 @@ def tradeoff_vtogs():
     return out
 
 
-@pytest.mark.parametrize("objective", [Objective.memory(), Objective.mix(1e-2)], ids=["memory", "mix"])
+@pytest.mark.parametrize("objective", [Objective.memory(), Objective.mix(3e-2)], ids=["memory", "mix"])
 def test_ilp_equals_exhaustive_where_latency_and_memory_disagree(tradeoff_vtogs, objective):
-    """On VTOGs whose latency optimum is not optimal for memory, the ILP still finds the exhaustive optimum."""
+    """On VTOGs whose latency optimum is not optimal for memory, the ILP still finds the exhaustive optimum.
+    (The mix's price of memory, 30 ms per GiB, outweighs the copy kernel a long-lived virtual slice saves, its
+    launch and graph gap included: at 10 ms per GiB the 512-wide slice was worth keeping virtual.)"""
     lat = AnalyticalOracle("H200")
     oracle = AnalyticalOracle("H200", objective=objective)
     for v in tradeoff_vtogs:

@@ -1389,6 +1389,7 @@ def rewrite(out: Path) -> int:
     if earlier is None:
         print(f"error: --rewrite: {out}/summary.json does not exist", file=sys.stderr)
         return 2
+
     class KeptLog(Log):      # log.txt is the runs' own: the rewrite adds nothing to it
         def __call__(self, msg: str) -> None:
             pass
