@@ -67,6 +67,30 @@ def test_reuse_is_bit_identical_and_smaller(layer, which):
     assert shared.allocated_bytes < own.allocated_bytes
 
 
+@pytest.mark.parametrize("which", ["none", "maximal"])
+def test_a_dropped_executable_frees_its_memory(layer, which):
+    """Kernel plans are cached for the process and shared by every executable; none may keep a dropped
+    executable's storages alive (its slab, its own blocks).  Plans that kept their last launch's arguments and
+    workspaces held 125 MiB of a whole Llama 3 8B decode step on the H100."""
+    import gc
+    import weakref
+    w, g, v = layer
+    s = Strategy(v, set()) if which == "none" else maximal(v)
+    saved = {n: b.clone() for n, b in w.model.named_buffers()}
+    exe = realize(g, s, w.model)
+    exe(*w.example_inputs)
+    for n, b in w.model.named_buffers():
+        b.copy_(saved[n])
+    state = {id(t) for t in list(w.model.parameters()) + list(w.model.buffers())}
+    mine = [t for name, t in exe.storages.items() if id(t) not in state and name not in g.inputs]
+    mine += [exe.arena._slab] if exe.arena._slab is not None else []
+    refs = [weakref.ref(t) for t in mine]
+    assert len(refs) > 3
+    del exe, mine
+    gc.collect()
+    assert not [r for r in refs if r() is not None]
+
+
 def test_plan_keeps_what_outlives_a_call(layer):
     """Parameters, the KV cache, outputs and folded constants never share; the call's inputs share from the
     first step on (the call copies them in)."""
