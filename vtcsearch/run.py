@@ -989,9 +989,7 @@ def finish_rows(rows: list[dict[str, Any]], measured: bool, case: dict[str, Any]
             if best and r["measured_latency_us"]:
                 r["speedup_vs_best_baseline"] = best / r["measured_latency_us"]
                 r["baseline_same_process"] = same
-            floor_us = floors.row_floor_us(case, r) if case else None   # on the GPU that measured the row
-            if floor_us:
-                r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
+            set_floor(r, case)
 
 
 def _run_of(row: dict[str, Any]) -> tuple[Any, Any]:
@@ -1112,16 +1110,20 @@ def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[di
     write_summary(ctx.out, summary, kernel_rows, log, wall_s)
 
 
+def set_floor(row: dict[str, Any], case: dict[str, Any] | None) -> None:
+    """``row``'s floor and its latency over it, on the GPU that measured the row (:func:`floors.row_floor_us`)."""
+    floor_us = floors.row_floor_us(case, row) if case and row.get("latency_us") else None
+    if floor_us:
+        row["floor_us"], row["x_floor"] = floor_us, row["latency_us"] / floor_us
+
+
 def refresh_floors(summary: dict[str, Any]) -> None:
-    """Every row against its case's floor on the GPU that measured it, as :func:`finish_rows` sets a case's rows:
-    a case an appended run did not redo keeps rows an older run wrote, which may predate floors per GPU (an
-    H100 row set against the H200's floor)."""
+    """Every row against its case's floor, as :func:`finish_rows` sets a case's rows: a case an appended run did
+    not redo keeps rows an older run wrote, which may predate floors per GPU (an H100 row set against the
+    H200's floor)."""
     cases = {(c.get("case"), c.get("batch")): c for c in summary.get("cases", [])}
     for r in summary.get("rows", []):
-        case = cases.get((r.get("case"), r.get("batch")))
-        floor_us = floors.row_floor_us(case, r) if case and r.get("latency_us") else None
-        if floor_us:
-            r["floor_us"], r["x_floor"] = floor_us, r["latency_us"] / floor_us
+        set_floor(r, cases.get((r.get("case"), r.get("batch"))))
 
 
 def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], log: Log,
