@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, simplify
-from vtcsearch.core.graph import TensorGraph, constant_tensors, kernel_io
+from vtcsearch.core.graph import TensorGraph, constant_tensors, folded, kernel_io
 from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
 
@@ -950,7 +950,7 @@ class Accounting:
             units.append(Unit(len(units), "kernel", k, ts, kernel=k))
         const = constant_tensors(g)
         for op in g.movement_ops():
-            if all(t in const for t in op.inputs):
+            if folded(g, op.name, const):
                 continue    # folded at build (or read as a view by an Inductor region): no copy per call
             mv = op.movement
             if mv.updates:

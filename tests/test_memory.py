@@ -54,6 +54,51 @@ def two_calls(w, g, strategy, reuse: bool):
     return exe, results
 
 
+def test_only_small_constants_fold_a_big_weight_is_read_in_place():
+    """A movement op of constants is copied once at build only up to ``FOLD_LIMIT_BYTES``: a transposed copy of
+    every QKV weight held 1.5 GiB beside Llama 3 8B's weights.  A big weight's transpose is an ordinary movement
+    op: eliminated, the GEMM reads the weight through its map and nothing of the weight's size is allocated; kept
+    physical, it is a copy per call (a copy unit the cost model prices).  Both equal eager."""
+    import torch.nn as nn
+    from cost_models import AnalyticalOracle
+    from vtcsearch.core.graph import FOLD_LIMIT_BYTES
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small = nn.Parameter(torch.randn(8, 32), requires_grad=False)       # 1 KiB
+            self.big = nn.Parameter(torch.randn(1024, 32), requires_grad=False)      # 128 KiB
+
+        def forward(self, x):
+            return (x @ self.small.t()).relu(), (x @ self.big.t()).relu()
+
+    assert model_bytes(M().small) <= FOLD_LIMIT_BYTES < model_bytes(M().big)
+    torch.manual_seed(0)
+    model, x = M().eval(), torch.randn(4, 32)
+    g = capture(model, (x,))
+    v = build_vtog(g)
+    const = constant_tensors(g)
+    t_small, t_big = (next(o for o in g.ops.values() if o.kind == "movement" and o.inputs == [p]).outputs[0]
+                      for p in ("p_small", "p_big"))
+    assert t_small in const and t_big not in const
+    copied = {u.tensors for u in AnalyticalOracle("H200").accounting(v).units if u.kind == "copy"}
+    assert any(t_big in ts for ts in copied) and not any(t_small in ts for ts in copied)
+
+    want = model(x)
+    physical = realize(g, Strategy(v, set()), model)
+    assert physical.folded == [g.tensors[t_small].producer]
+    assert all(torch.equal(a, b) for a, b in zip(physical(x), want))
+    big_edges = {e.id for e in v.edges if e.src == t_big}
+    assert big_edges
+    virtual = realize(g, Strategy(v, big_edges).validate(), model)
+    assert all(torch.equal(a, b) for a, b in zip(virtual(x), want))
+    assert virtual.allocated_bytes <= physical.allocated_bytes - model.big.nbytes
+
+
+def model_bytes(p: torch.Tensor) -> int:
+    return p.nelement() * p.element_size()
+
+
 @pytest.mark.parametrize("which", ["none", "random", "maximal"])
 def test_reuse_is_bit_identical_and_smaller(layer, which):
     w, g, v = layer

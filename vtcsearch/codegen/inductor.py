@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.graph import TensorGraph, kernel_io, written_back_within
+from ..core.graph import TensorGraph, folded, kernel_io, written_back_within
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
@@ -333,7 +333,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
                 region.append(name)
                 values |= set(graph.ops[name].outputs)
             continue
-        if gr is None and all(t in constants for t in graph.ops[name].inputs):
+        if gr is None and folded(graph, name, constants):
             if _view_for_inductor(graph, strategy, name):
                 pending.append(name)                   # joins its consumer's region (below)
             else:

@@ -36,7 +36,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.graph import TensorGraph, constant_tensors
+from ..core.graph import TensorGraph, constant_tensors, folded
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
@@ -255,7 +255,7 @@ class Executable:
             plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
             if plan is not None:
                 launch.plans.append((plan, plan.take_args()))
-        if all(t in const for t in op.inputs):
+        if folded(g, name, const):
             self.folded.append(name)       # done once, just now
         elif launch.plans:
             self.steps.append(Step(name, "copy", launch))
@@ -402,7 +402,7 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
                 if not has_epilogue(gr):   # an epilogue writes the group's result through its maps itself
                     out += [PlannedCopy(name, "scatter", t, graph.tensors[t].nbytes) for t in outs
                             if copied(gr.kind, t)]
-        elif not all(t in const for t in graph.ops[name].inputs):
+        elif not folded(graph, name, const):
             out += [PlannedCopy(name, "copy", r.dst_tensor, r.elements * graph.tensors[r.dst_tensor].dtype.itemsize)
                     for r in strategy.residuals_of(name)]
     return out

@@ -179,15 +179,30 @@ class TensorGraph:
                 f"{s['movement_ops']} movement ops)")
 
 
-def constant_tensors(graph: TensorGraph) -> set[str]:
-    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and
-    movement ops of those (a weight's transpose).  Realization folds such a movement op once at build, or
-    an Inductor region reads it as a view; either way it costs nothing per call, and the cost model says so."""
+# The largest output of a movement op of constants that realization folds (copies once, at build).  A folded
+# copy lives as long as the executable, beside the module's own tensor: a transposed copy of every QKV weight
+# held 1.5 GiB more than torch.compile for Llama 3 8B (2.3 GiB for Gemma 2 9B), which reads the weights in place.
+# Above it, the op is an ordinary movement op: eliminated (its readers go through the map), or a copy per call.
+FOLD_LIMIT_BYTES = 64 << 10
+
+
+def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES) -> set[str]:
+    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and outputs of
+    ``fold_limit`` bytes or less of movement ops of those (a rotary table's slice).  Realization folds such a
+    movement op once at build, or an Inductor region reads it as a view; either way it costs nothing per call,
+    and the cost model says so."""
     const = {t for t, i in graph.tensors.items() if i.read_only and i.kind != "input"}
     for op in graph.ops.values():
-        if op.kind == "movement" and op.kernel is None and op.inputs and all(t in const for t in op.inputs):
+        if op.kind == "movement" and op.kernel is None and op.inputs and all(t in const for t in op.inputs) \
+                and all(graph.tensors[t].nbytes <= fold_limit for t in op.outputs):
             const.update(op.outputs)
     return const
+
+
+def folded(graph: TensorGraph, op: str, const: set[str]) -> bool:
+    """Whether movement op ``op`` is folded at build: every output is a constant (:func:`constant_tensors`)."""
+    outs = graph.ops[op].outputs
+    return bool(outs) and all(t in const for t in outs)
 
 
 def written_back_within(g: TensorGraph, t: str, ops: set[str] | frozenset[str]) -> bool:
