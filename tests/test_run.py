@@ -252,6 +252,35 @@ def test_a_failed_appended_piece_keeps_the_earlier_rows_and_a_fault_stops_the_la
         assert sum(1 for _ in csv.DictReader(f)) == old_kernels
 
 
+def test_an_appended_piece_that_succeeds_clears_the_case_s_earlier_failure(tmp_path, monkeypatch):
+    """A case that failed in one --append piece and is measured by a later one: the folder's case record and
+    notes no longer say it failed (they kept an H200 run's OOM beside the H100's measurement)."""
+    import vtcsearch.run as run
+    out = tmp_path / "pieces"
+    base = [str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--batch", "1", "--append"]
+    real = run.run_case
+
+    def oom(ctx, params, batch, *a, **k):
+        raise RuntimeError("OutOfMemoryError: CUDA out of memory")
+    monkeypatch.setattr(run, "run_case", oom)
+    assert main(base) == 1
+    s = json.loads((out / "summary.json").read_text())
+    assert s["cases"][0]["error"] and any(" failed: " in n for n in s["notes"])
+    monkeypatch.setattr(run, "run_case", real)
+    assert main(base) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert len(s["cases"]) == 1 and s["cases"][0]["error"] is None
+    assert not any(" failed: " in n for n in s["notes"]) and "failed" not in (out / "report.md").read_text().split(
+        "## Skipped or failed")[0]
+    # a folder written before the fix: --rewrite settles it from its rows
+    s["cases"][0]["error"] = "benchmark: OutOfMemoryError"
+    s["notes"].append(f"case {s['cases'][0]['case']} bs1 failed: benchmark: OutOfMemoryError")
+    (out / "summary.json").write_text(json.dumps(s))
+    assert main([str(TINY), "--out", str(out), "--rewrite"]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["cases"][0]["error"] is None and not any(" failed: " in n for n in s["notes"])
+
+
 def test_report_says_modelled(tiny_run):
     _, out = tiny_run
     text = (out / "report.md").read_text()
@@ -988,6 +1017,34 @@ def test_half_precision_numerics_judged_against_fp32():
     wrong[7] += 4
     assert not copy._close(wrong, eager, ref32)
     assert not copy._close(other, eager, None)              # no fp32 reference: allclose decides
+
+
+def test_the_fp32_reference_runs_the_model_itself_and_puts_it_back():
+    """The fp32 reference converts the model in place and back (so the GPU needs room for the fp32 version only,
+    not a copy beside it): afterwards every parameter and buffer has its dtype and its bits, the KV cache the
+    fp32 run wrote included, and the reference is fp32's answer, not eager's."""
+    import torch
+    from types import SimpleNamespace
+
+    from experiments.workloads import build_workload
+    from vtcsearch.run import NumericsCopy, host_copy
+
+    torch.manual_seed(0)
+    w = build_workload("llama3", size="tiny", batch=1, part="layer", phase="decode", dtype=torch.bfloat16,
+                       device="cpu")
+    before = {n: host_copy(t) for n, t in [*w.model.named_parameters(), *w.model.named_buffers()]}
+    copy = NumericsCopy.__new__(NumericsCopy)
+    copy.ctx = SimpleNamespace(log=lambda msg: None)
+    copy.w, copy.dtype, copy.device = w, torch.bfloat16, torch.device("cpu")
+    copy.saved = {n: host_copy(b) for n, b in w.model.named_buffers()}
+    ref32, bufs32 = copy._fp32_reference()
+    after = dict([*w.model.named_parameters(), *w.model.named_buffers()])
+    assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
+    with torch.no_grad():
+        eager = w.model(*w.example_inputs)
+    assert ref32[0].dtype == torch.float32 and not torch.equal(ref32[0], eager.float())
+    assert torch.allclose(ref32[0], eager.float(), rtol=0.05, atol=0.05)
+    assert any(not torch.equal(bufs32[n].to(copy.saved[n].dtype), copy.saved[n]) for n in bufs32)  # it wrote
 
 
 # ---------------------------------------------------------------------------
