@@ -617,16 +617,26 @@ class TrafficModel:
         return hit
 
     def _sample_fraction(self, p: Piece, sample: int) -> float:
-        rng = np.random.default_rng(0)
-        env: dict[str, Any] = {f"i{k}": rng.integers(lo, hi, sample) for k, (lo, hi) in enumerate(p.region)}
-        for c, _, _ in p.conds:
-            env.update({s.name: s.lo for s in c.syms()})
-        mask = np.ones(sample, dtype=bool)
         ranges = p.ranges()
-        for ce, lo, hi in p.conds:
-            v = evaluate(_for_eval(ce, ranges), env)
+        conds = [(_for_eval(ce, ranges), lo, hi) for ce, lo, hi in p.conds]
+        syms = {s.name: s.lo for c, _, _ in conds for s in c.syms()}
+        ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(p.region)}
+        used = sorted({v for c, _, _ in conds for v in c.free_var_set()} & set(ext))
+        if math.prod(ext[v] for v in used) <= sample:
+            # the predicates read few of the region's variables (a channel shuffle's: the channel, not the
+            # pixel): exact over their grid, which the other variables do not change
+            grids = np.meshgrid(*[np.arange(*p.region[int(v[1:])]) for v in used], indexing="ij", sparse=True)
+            env: dict[str, Any] = {**dict(zip(used, grids)), **syms}
+            mask = np.ones([ext[v] for v in used], dtype=bool)
+        else:
+            rng = np.random.default_rng(0)
+            env = {f"i{k}": rng.integers(lo, hi, sample) for k, (lo, hi) in enumerate(p.region)}
+            env.update(syms)
+            mask = np.ones(sample, dtype=bool)
+        for ce, lo, hi in conds:
+            v = evaluate(ce, env)
             mask &= (v >= lo) & (v < hi)
-        return float(mask.mean())
+        return float(mask.mean()) if mask.size else 1.0
 
     def _distinct_estimate(self, off: Expr, region) -> int:
         """How many distinct offsets ``off`` takes over ``region`` (memoized: pieces of other storages or

@@ -120,6 +120,29 @@ def test_expand_read_counts_distinct_bytes():
     assert tb.distinct == 4 * 64 * 8 * 128
 
 
+def test_predicates_over_few_variables_keep_their_exact_share():
+    """The share of a big piece that its predicates keep is exact when they read few of its variables (a channel
+    shuffle's read the channel, not the pixel), as counting every element says; a sample would only be near it."""
+    import numpy as np
+
+    from vtcsearch.core.expr import evaluate
+    from vtcsearch.core.mapping import Piece
+    i = [var(f"i{k}") for k in range(5)]
+    region = ((0, 1), (0, 116), (0, 2), (0, 14), (0, 14))                # 45,472 elements
+    conds = (((196 * i[1] + 14 * i[3] + i[4]) // 392 + 58 * i[2], 0, 30),  # i1 // 2: the pixel drops out
+             (i[1] % 3, 0, 2))
+    p = Piece("x", region, (i[1], i[3], i[4]), conds)
+    tm = TrafficModel()
+    assert math.prod(hi - lo for lo, hi in region) > tm.exact_limit
+    grid = np.meshgrid(*[np.arange(lo, hi) for lo, hi in region], indexing="ij")   # every element
+    env = {f"i{k}": g for k, g in enumerate(grid)}
+    mask = np.ones(grid[0].shape, dtype=bool)
+    for c, lo, hi in conds:
+        v = evaluate(c, env)
+        mask &= (v >= lo) & (v < hi)
+    assert tm._cond_fraction(p) == mask.mean()
+
+
 def test_index_terms_over_outer_dims_are_computed_per_program():
     """A map's div/mod over outer dims (a GQA head ``i1 // 4``) is computed once per program: kernels tile the
     last two dims.  The same div on the innermost dim costs per element."""

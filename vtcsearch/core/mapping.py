@@ -92,11 +92,20 @@ class Piece:
         return {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(self.region)}
 
     def offset(self, strides: Sequence[int], storage_offset: int = 0) -> Expr:
-        """Flat element offset into a target laid out with ``strides``."""
-        off = Expr(const=storage_offset)
-        for e, s in zip(self.index, strides):
-            off = off + e * int(s)
-        return simplify(off, self.ranges())
+        """Flat element offset into a target laid out with ``strides`` (memoized per piece: the cost model
+        asks it of the same piece for its run, its distinct elements and its index arithmetic)."""
+        key = (tuple(int(s) for s in strides), storage_offset)
+        memo = self.__dict__.get("_offsets")
+        if memo is None:
+            memo = {}
+            object.__setattr__(self, "_offsets", memo)
+        off = memo.get(key)
+        if off is None:
+            off = Expr(const=storage_offset)
+            for e, s in zip(self.index, key[0]):
+                off = off + e * s
+            off = memo[key] = simplify(off, self.ranges())
+        return off
 
 
 class IndexMap:
@@ -636,10 +645,10 @@ def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
         count *= hi - lo
     # the same values over the piece, with far fewer array operations for nested div/mod (a channel shuffle)
     off = simplify(off, p.ranges(), divisors=True)
-    grids = np.meshgrid(*[np.arange(lo, hi) for lo, hi in region], indexing="ij")
+    grids = np.meshgrid(*[np.arange(lo, hi) for lo, hi in region], indexing="ij", sparse=True)   # broadcast
     env = {f"i{k}": g for k, g in enumerate(grids)}
     env.update({s.name: s.lo for s in off.syms()})
-    vals = np.broadcast_to(np.asarray(evaluate(off, env)), grids[0].shape if grids else ()).reshape(-1)
+    vals = np.broadcast_to(np.asarray(evaluate(off, env)), tuple(hi - lo for lo, hi in region)).reshape(-1)
     if vals.size <= 1:
         return int(vals.size)
     breaks = np.nonzero(np.diff(vals) != 1)[0]
