@@ -186,12 +186,14 @@ def predict(folders: Sequence[Path], log=print, kernels: bool = False) -> list[d
             row["note"] = why
             if s is None:
                 continue
-            ev = oracle_of(summary, hw).evaluate(s)
-            row["model_us"] = ev.latency_s * 1e6
+            oracle = oracle_of(summary, hw)
             if kernels:   # the model is linear in the gap: its latency without it, and its slope (kernels)
                 base = oracle_of(summary, hw, 0.0).evaluate(s).latency_s
-                row["base_us"] = base * 1e6
-                row["kernels"] = round((oracle_of(summary, hw, 1e-6).evaluate(s).latency_s - base) / 1e-6)
+                slope = (oracle_of(summary, hw, 1e-6).evaluate(s).latency_s - base) / 1e-6
+                row["base_us"], row["kernels"] = base * 1e6, round(slope)
+                row["model_us"] = (base + oracle.hw.graph_gap_s * slope) * 1e6
+            else:
+                row["model_us"] = oracle.evaluate(s).latency_s * 1e6
             log(f"{folder.name:14s} {r['case']:18s} bs{r['batch']:<3d} {r['variant']:22s} measured "
                 f"{row['measured_us']:9.1f} model {row['model_us']:9.1f} ({row['model_us'] / row['measured_us']:.2f})")
     return out
