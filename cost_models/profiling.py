@@ -10,7 +10,8 @@ timer that raises (a kernel that fails to compile or launch) records the
 configuration as infeasible (``inf``) rather than failing the search, and counts it in
 ``stats.errors``; a transient failure (out of memory, a timeout) is counted and never stored.
 
-``measure_top=k`` makes a whole model's search practical: of each unit's configurations only the ``k`` the
+``measure_top=k`` makes a whole model's search practical (the runner and ``vtcsearch.compile`` default to
+:data:`DEFAULT_MEASURE_TOP`; ``measure_top: null`` in a config measures every configuration): of each unit's configurations only the ``k`` the
 analytical model ranks cheapest (and the all-physical one) are measured; every other is the model's price
 times the largest measured/modelled ratio among the unit's measured ones, so it never undercuts a measured
 configuration of its unit (:meth:`ProfilingOracle.unit_cost`).  The attention unit of a Llama 3 8B decode
@@ -53,6 +54,11 @@ from vtcsearch.core.mapping import IndexMap, Piece
 
 from .accounting import PHYS, Accounting, Unit, UnitSpec
 from .base import CostOracle, Objective, UnitCost, is_transient
+
+
+# Configurations measured per unit unless a config says otherwise: whole ShuffleNetV2 (224x224) lists 4,571
+# distinct candidate kernels when every configuration is timed, 314 with the top 8 (2026-12-06).
+DEFAULT_MEASURE_TOP = 8
 
 
 class Timer(Protocol):

@@ -1019,10 +1019,8 @@ def test_half_precision_numerics_judged_against_fp32():
     assert not copy._close(other, eager, None)              # no fp32 reference: allclose decides
 
 
-def test_the_fp32_reference_runs_the_model_itself_and_puts_it_back():
-    """The fp32 reference converts the model in place and back (so the GPU needs room for the fp32 version only,
-    not a copy beside it): afterwards every parameter and buffer has its dtype and its bits, the KV cache the
-    fp32 run wrote included, and the reference is fp32's answer, not eager's."""
+def _fp32_reference_round_trip(device: str):
+    """Build a tiny bf16 Llama layer on ``device``, take its fp32 reference, and check that the model is back."""
     import torch
     from types import SimpleNamespace
 
@@ -1031,20 +1029,42 @@ def test_the_fp32_reference_runs_the_model_itself_and_puts_it_back():
 
     torch.manual_seed(0)
     w = build_workload("llama3", size="tiny", batch=1, part="layer", phase="decode", dtype=torch.bfloat16,
-                       device="cpu")
-    before = {n: host_copy(t) for n, t in [*w.model.named_parameters(), *w.model.named_buffers()]}
+                       device=device)
+    before = {n: (t.device, host_copy(t)) for n, t in [*w.model.named_parameters(), *w.model.named_buffers()]}
     copy = NumericsCopy.__new__(NumericsCopy)
-    copy.ctx = SimpleNamespace(log=lambda msg: None)
-    copy.w, copy.dtype, copy.device = w, torch.bfloat16, torch.device("cpu")
+    lines: list[str] = []
+    copy.ctx = SimpleNamespace(log=lines.append)
+    copy.w, copy.dtype, copy.device = w, torch.bfloat16, torch.device(device)
     copy.saved = {n: host_copy(b) for n, b in w.model.named_buffers()}
     ref32, bufs32 = copy._fp32_reference()
     after = dict([*w.model.named_parameters(), *w.model.named_buffers()])
-    assert all(after[n].dtype == t.dtype and torch.equal(after[n], t) for n, t in before.items())
+    assert all(after[n].device == dev and after[n].dtype == t.dtype and torch.equal(after[n].cpu(), t)
+               for n, (dev, t) in before.items())
     with torch.no_grad():
-        eager = w.model(*w.example_inputs)
+        eager = w.model(*w.example_inputs).cpu()
     assert ref32[0].dtype == torch.float32 and not torch.equal(ref32[0], eager.float())
     assert torch.allclose(ref32[0], eager.float(), rtol=0.05, atol=0.05)
     assert any(not torch.equal(bufs32[n].to(copy.saved[n].dtype), copy.saved[n]) for n in bufs32)  # it wrote
+    return lines
+
+
+def test_the_fp32_reference_runs_the_model_itself_and_puts_it_back():
+    """The fp32 reference converts the model in place and back (so the GPU needs room for the fp32 version only,
+    not a copy beside it): afterwards every parameter and buffer has its dtype and its bits, the KV cache the
+    fp32 run wrote included, and the reference is fp32's answer, not eager's."""
+    _fp32_reference_round_trip("cpu")
+
+
+@pytest.mark.gpu
+def test_an_fp32_reference_with_no_room_on_the_gpu_runs_on_the_host(monkeypatch):
+    """A GPU without room for the fp32 model (Gemma 2 9B at batch 16 on an 80 GB H100) takes the reference on
+    the host; the model comes back to the GPU in its own dtype and bits."""
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    total = torch.cuda.mem_get_info()[1]
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (0, total))
+    assert any("on the host" in line for line in _fp32_reference_round_trip("cuda"))
 
 
 # ---------------------------------------------------------------------------
@@ -1317,3 +1337,15 @@ def test_measure_top_reaches_the_profiling_oracle_and_not_an_analytical_entry(tm
     assert ctx.oracle.name == "profiling" and ctx.oracle.measure_top == 3 and ctx.oracle._model is not None
     assert 0 < len(ctx.oracle.candidate_specs(vtog))
     assert ctx.oracle_for("ilp@analytical").name == "analytical"
+
+
+def test_the_profiling_oracle_measures_the_top_configurations_unless_a_config_asks_for_all(tmp_path):
+    """Without ``measure_top`` the runner's profiling oracle times the model's top ``DEFAULT_MEASURE_TOP``
+    configurations per unit (a whole model lists thousands of candidate kernels otherwise); ``measure_top:
+    null`` times every one."""
+    from cost_models.profiling import DEFAULT_MEASURE_TOP
+    ctx, _, vtog = _profiling_case(tmp_path / "a", "cpu")
+    assert ctx.oracle.measure_top == DEFAULT_MEASURE_TOP and ctx.oracle._model is not None
+    every, _, _ = _profiling_case(tmp_path / "b", "cpu", measure_top=None)
+    assert every.oracle.measure_top is None and every.oracle._model is None
+    assert len(ctx.oracle.candidate_specs(vtog)) <= len(every.oracle.candidate_specs(vtog))

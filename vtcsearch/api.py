@@ -162,7 +162,8 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
             prologues: bool | str = False, hfuse: bool | str = False) -> Compiled:
     """Capture ``model`` on ``example_inputs``, search with ``solver`` and ``oracle``, validate, realize.
 
-    ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle``; ``objective``:
+    ``oracle``: a name in ``cost_models.ORACLES`` or a ``CostOracle`` (``"profiling"`` times the
+    configurations of each unit that the ``hardware`` model ranks first: ``DEFAULT_MEASURE_TOP``); ``objective``:
     ``"latency" | "memory" | "mix"`` or a ``cost_models.Objective``; ``cuda_graph``: replay
     the whole step list as one CUDA graph (GPU only); ``budget``: the solver's budget
     (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
@@ -203,6 +204,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
         kw: dict[str, Any] = {"objective": objective, "implementations": implementations}
         if oracle in ("analytical", "recorded"):
             kw["hardware"] = hardware
+        if oracle == "profiling":   # time what the hardware model ranks first: a whole model stays practical
+            from cost_models.profiling import DEFAULT_MEASURE_TOP
+            kw.update(measure_top=DEFAULT_MEASURE_TOP, hardware=hardware)
         oracle = get_oracle(oracle, **kw)
     elif not isinstance(oracle, CostOracle):
         raise TypeError(f"oracle must be a name or a cost_models.CostOracle, got {type(oracle).__name__}")

@@ -34,6 +34,7 @@ import dataclasses
 import datetime as dt
 import json
 import math
+import os
 import re
 import sys
 import tempfile
@@ -192,6 +193,7 @@ def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None 
     """The config's oracle (or the one named, under the objective named); ``auto`` is profiling on a GPU
     (falling back to analytical if it fails)."""
     from cost_models import get_oracle
+    from cost_models.profiling import DEFAULT_MEASURE_TOP
     cfg, objective = ctx.cfg, make_objective(ctx.cfg, objective)
     name = name or cfg.oracle
     if name == "auto":
@@ -199,8 +201,10 @@ def make_oracle(ctx: RunContext, name: str | None = None, objective: str | None 
     opts = dict(cfg.oracle_options)
     if name != "profiling":
         opts.pop("measure_top", None)     # the profiling oracle's (an ``ilp@analytical`` entry shares the options)
-    elif "measure_top" in opts:
-        opts.setdefault("hardware", cfg.hardware)   # the model that ranks what is measured
+    else:   # measure what the config's hardware model ranks first (``measure_top: null``: every configuration)
+        opts.setdefault("measure_top", DEFAULT_MEASURE_TOP)
+        if opts["measure_top"] is not None:
+            opts.setdefault("hardware", cfg.hardware)
     if name == "analytical":
         return get_oracle("analytical", hardware=opts.pop("hardware", cfg.hardware), objective=objective, **opts)
     if name == "profiling":
@@ -447,32 +451,43 @@ class NumericsCopy:
 
         The model is converted in place and back (half -> fp32 -> half is exact; the buffers the run wrote are
         restored), so the GPU needs room for the fp32 version only, not for a copy beside it: Gemma 2 9B at
-        batch 16 (41 GB) then fits an H200, where a deep copy and its fp32 version (123 GB) did not."""
+        batch 16 (41 GB) then fits an H200, where a deep copy and its fp32 version (123 GB) did not.  Where the
+        GPU has no room for it (the same case on an 80 GB H100), the fp32 model runs on the host instead."""
         import torch
         if self.dtype not in (torch.float16, torch.bfloat16):
             return None, {}
         from experiments.baselines import model_bytes
         model = self.w.model
         grow = model_bytes(model)      # fp32 is twice half; the half tensors are freed as they convert
+        where = self.device
         if self.device.type == "cuda" and 1.1 * grow > torch.cuda.mem_get_info(self.device)[0]:
-            self.ctx.log(f"   no fp32 reference: it needs {grow / 2**30:.1f} GiB more, more than the GPU has free; "
-                         "numerics are judged against eager alone")
-            return None, {}
-        inputs = [x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-                  for x in self.w.example_inputs]
-        state = [(t, t.dtype) for t in [*model.parameters(), *model.buffers()] if t.is_floating_point()]
+            host_free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            if 1.1 * 2 * grow > host_free:
+                self.ctx.log(f"   no fp32 reference: it needs {grow / 2**30:.1f} GiB more than the GPU has free "
+                             f"and {2 * grow / 2**30:.1f} GiB of host memory; numerics are judged against eager alone")
+                return None, {}
+            where = torch.device("cpu")
+            self.ctx.log(f"   fp32 reference on the host: it needs {grow / 2**30:.1f} GiB more than the GPU has free")
+        inputs = [x.to(where, torch.float32 if x.is_floating_point() else x.dtype) if isinstance(x, torch.Tensor)
+                  else x for x in self.w.example_inputs]
+        state = [(t, t.dtype, t.device) for t in [*model.parameters(), *model.buffers()]]
         try:
             with torch.no_grad():
-                for t, _ in state:          # tensor by tensor: each half tensor is freed as its fp32 one lands
-                    t.data = t.data.float()
+                for t, _, _ in state:       # tensor by tensor: each half tensor is freed as its fp32 one lands
+                    t.data = t.data.to(where, torch.float32 if t.is_floating_point() else t.dtype)
                 ref = [host_copy(t) for t in tensors_of(model(*inputs))]
                 bufs = {n: host_copy(b) for n, b in model.named_buffers()}
         except torch.OutOfMemoryError as e:
             self.ctx.log(f"   no fp32 reference: {first_line(e)}; numerics are judged against eager alone")
             ref, bufs = None, {}
+        except Exception as e:              # on the host: a model that keeps device tensors of its own
+            if where == self.device:
+                raise
+            self.ctx.log(f"   no fp32 reference on the host: {first_line(e)}; numerics are judged against eager alone")
+            ref, bufs = None, {}
         finally:
-            for t, dtype in state:
-                t.data = t.data.to(dtype)
+            for t, dtype, dev in state:
+                t.data = t.data.to(dev, dtype)
             self.restore()                  # the buffers the fp32 run wrote
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
