@@ -461,10 +461,11 @@ class NumericsCopy:
         grow = model_bytes(model)      # fp32 is twice half; the half tensors are freed as they convert
         where = self.device
         if self.device.type == "cuda" and 1.1 * grow > torch.cuda.mem_get_info(self.device)[0]:
-            host_free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            if 1.1 * 2 * grow > host_free:
-                self.ctx.log(f"   no fp32 reference: it needs {grow / 2**30:.1f} GiB more than the GPU has free "
-                             f"and {2 * grow / 2**30:.1f} GiB of host memory; numerics are judged against eager alone")
+            # the fp32 model, and the copy of its fp32 buffers kept as the reference
+            host = 2 * grow + 2 * sum(b.nbytes for b in model.buffers() if b.is_floating_point())
+            if 1.1 * host > os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"):
+                self.ctx.log(f"   no fp32 reference: it needs {grow / 2**30:.1f} GiB more than the GPU has free, "
+                             f"or {host / 2**30:.1f} GiB of host memory; numerics are judged against eager alone")
                 return None, {}
             where = torch.device("cpu")
             self.ctx.log(f"   fp32 reference on the host: it needs {grow / 2**30:.1f} GiB more than the GPU has free")
