@@ -1269,6 +1269,39 @@ def _profiling_case(tmp_path, device: str, **oracle_options):
     return ctx, params, build_vtog(run.capture_graph(cfg, w))
 
 
+def test_a_compile_process_ends_when_its_runner_is_killed(tmp_path):
+    """A spawned compile process leads its own process group, so the SIGKILL of a runner past its deadline
+    does not reach it: it watches its parent and ends itself and its group (:func:`end_with_parent`)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("needs Linux (process groups, /proc)")
+    child = ("import os, time; os.setsid(); from vtcsearch.run import end_with_parent; end_with_parent(0.05); "
+             "import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+             "print(os.getpid(), g.pid, flush=True); time.sleep(60)")
+    runner = ("import subprocess, sys, time; c = subprocess.Popen([sys.executable, '-c', sys.argv[1]]); "
+              "time.sleep(60)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    parent = subprocess.Popen([sys.executable, "-c", runner, child], stdout=subprocess.PIPE, text=True, env=env)
+    pids = [int(x) for x in parent.stdout.readline().split()]   # the compile process and what it started
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().split(") ")[-1][0] != "Z"
+        except FileNotFoundError:
+            return False
+    t0 = time.monotonic()
+    while any(alive(p) for p in pids) and time.monotonic() - t0 < 20:
+        time.sleep(0.1)
+    assert not any(alive(p) for p in pids)
+
+
 def test_a_gpu_run_precompiles_in_a_spawned_process(tmp_path, monkeypatch):
     """On the GPU the profiling oracle's compile workers cannot fork; the runner then prepares
     the case in spawned processes that each capture it on the meta device, count the same candidates as

@@ -301,9 +301,11 @@ def _prepare_elsewhere(ctx: RunContext, params: dict[str, Any], batch: int) -> d
                 results.append(recv.recv())
             except EOFError:
                 results.append(f"a compile process exited with code {p.exitcode}")
-    finally:
+    finally:   # 5 s for all of them, not each: a deadline's SIGKILL follows its SIGTERM 20 s later
+        until = time.monotonic() + 5
         for p in procs:
-            p.join(timeout=5)
+            p.join(timeout=max(0.0, until - time.monotonic()))
+        for p in procs:
             if p.is_alive():      # stopped mid-way (a deadline): the process and anything it started
                 try:
                     os.killpg(p.pid, signal.SIGKILL)   # its own process group (_prepare_case)
@@ -340,6 +342,7 @@ def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], ba
         os.setsid()
     except OSError:
         pass
+    end_with_parent()
     try:
         import torch
         import torch._inductor.config as inductor_config
@@ -357,6 +360,27 @@ def _prepare_case(cfg: Config, device: str, out: str, params: dict[str, Any], ba
         send.send(first_line(e))
     finally:
         send.close()
+
+
+def end_with_parent(poll_s: float = 0.5) -> None:
+    """End this process, and the process group it leads with whatever it started, once its parent is gone.
+
+    A spawned compile process leads a group of its own, so a runner killed outright (the SIGKILL that follows
+    a deadline's SIGTERM) cannot take it along: on the H200 16 such orphans kept 30 GB of GPU memory and their
+    host memory into the next run, which the kernel then killed."""
+    import os
+    import signal
+    import threading
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        if os.getpgid(0) == os.getpid():
+            os.killpg(0, signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="end-with-parent", daemon=True).start()
 
 
 def _gpu_run(ctx: RunContext) -> bool:
