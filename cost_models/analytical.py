@@ -374,6 +374,9 @@ class AnalyticalOracle(CostOracle):
     def traffic_seconds(self, nbytes: float) -> float:
         return nbytes / self.hw.bandwidth
 
+    def launch_seconds(self) -> float:
+        return self.hw.kernel_s
+
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source, "split_k": self.split_k}
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 from vtcsearch.core.strategy import Strategy
 from vtcsearch.core.vtog import VTOG
 
-from .accounting import PHYS, Accounting, ImpossibleConfig, Unit, UnitSpec, is_view
+from .accounting import PHYS, Accounting, ImpossibleConfig, RegionFusion, Unit, UnitSpec, is_view
 
 
 @contextlib.contextmanager
@@ -268,6 +268,37 @@ class CostOracle:
         from .hardware import PRESETS   # hardware imports profiling, which imports this module
         return nbytes / PRESETS["H200"].bandwidth
 
+    def launch_seconds(self) -> float:
+        """Seconds one more kernel of a CUDA-graph replay costs (launch and gap) at the H200 preset (an oracle
+        that models its hardware uses its own)."""
+        from .hardware import PRESETS
+        return PRESETS["H200"].kernel_s
+
+    def region_fusion_saving(self, acc: Accounting, f: RegionFusion) -> float:
+        """Seconds saved when Inductor inlines pointwise kernel ``f.kernel`` into ``f.into``: its launch, and the
+        bytes between them written and read once less; never more than the kernel costs alone."""
+        from vtcsearch.core.implementation import INDUCTOR
+        u = acc.kernel_unit(f.kernel).without_fusion()
+        c = self.unit_cost(acc, u, tuple(acc.key_of(t, PHYS) for t in u.tensors), INDUCTOR)
+        if not math.isfinite(c.seconds) or c.seconds <= 0:
+            return 0.0
+        return min(c.seconds, self.launch_seconds() + self.traffic_seconds(2 * f.nbytes))
+
+    def region_fusions_taken(self, acc: Accounting, trees: Mapping[str, int], impl: Mapping[str, str]
+                             ) -> dict[str, tuple[str, float]]:
+        """kernel -> (the kernel Inductor inlines it into, seconds saved) under a strategy: both kernels run as
+        Inductor's code and the tensors between them are physical; the larger saving where there are two."""
+        from vtcsearch.core.implementation import INDUCTOR
+        out: dict[str, tuple[str, float]] = {}
+        for f in acc.region_fusions:
+            if impl.get(f.kernel) != INDUCTOR or impl.get(f.into) != INDUCTOR or \
+                    any(acc.key_of(t, trees.get(t, PHYS)) != acc.key_of(t, PHYS) for t in f.via):
+                continue
+            saved = self.region_fusion_saving(acc, f)
+            if saved > out.get(f.kernel, ("", 0.0))[1]:
+                out[f.kernel] = (f.into, saved)
+        return out
+
     def record_error(self, u: Unit, e: BaseException) -> str:
         """Count an exception raised while costing unit ``u`` (``stats.errors``) and keep its first lines."""
         msg = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -357,10 +388,15 @@ class CostOracle:
                         out_rows[-1]["impl"] = impl[u.kernel]
                     fused_into.update({cu: (u.name, sv) for cu, sv in zip(c.detail.get("fused", ()),
                                                                            c.detail.get("fused_saved", ()))})
+            inlined = self.region_fusions_taken(acc, trees, impl) if self.objective.needs_latency else {}
+            total -= sum(saved for _, saved in inlined.values())
             # the solver's arithmetic credits a fused copy to its kernel; a row shows the kernel at its own cost
             # and the copy at what it still costs inside it: free, or the share the kernel cannot take over
             # (the total is the same)
             for r in out_rows:
+                if r["kind"] == "kernel" and r["unit"] in inlined:   # a pointwise kernel inlined by Inductor
+                    into, saved = inlined[r["unit"]]
+                    r.update(seconds=max(0.0, r["seconds"] - saved), inlined_into=into)
                 if r["unit"] in fused_into:
                     kernel, saved = fused_into[r["unit"]]
                     r.update(seconds=max(0.0, r["seconds"] - saved), fused_into=kernel)

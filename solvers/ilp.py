@@ -273,6 +273,8 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
         # marginals: the configurations agreeing with tensor i's map sum to that map's indicator
         for (i, k), group in marg.items():
             m.add(sum(group) == wvar[u.tensors[i], k])
+    if obj.needs_latency:
+        _region_fusion_terms(m, oracle, acc, impl_vars, maps_of, wvar, lat_terms)
     info["configurations"] = n_configs
     lat_expr = cp_model.LinearExpr.weighted_sum([v for _, v in lat_terms], [c for c, _ in lat_terms]) + const_ps
 
@@ -453,6 +455,35 @@ def _fusion_terms(m, oracle, acc, unit, p_inductor, maps_of, wvar, lat_terms) ->
             else:
                 m.add_implication(f, lit)
         lat_terms.append((-ps, f))
+
+
+def _region_fusion_terms(m, oracle, acc, impl_vars, maps_of, wvar, lat_terms) -> None:
+    """The pointwise kernels Inductor inlines into a neighbour (``Accounting.region_fusions``): one ``r`` per
+    fusion, implying both kernels' Inductor ``p`` and the tensors between them physical, at most one per inlined
+    kernel, earning back ``CostOracle.region_fusion_saving``; evaluation subtracts the same
+    (``CostOracle.region_fusions_taken``)."""
+    by_kernel: dict[str, list] = defaultdict(list)
+    for f in acc.region_fusions:
+        p_u, p_v = impl_vars.get(f.kernel, {}).get(INDUCTOR), impl_vars.get(f.into, {}).get(INDUCTOR)
+        ps = int(round(oracle.region_fusion_saving(acc, f) * PS)) if p_u is not None and p_v is not None else 0
+        if ps <= 0:
+            continue
+        r = m.new_bool_var("")
+        m.add_implication(r, p_u)
+        m.add_implication(r, p_v)
+        for t in f.via:
+            k = acc.key_of(t, PHYS)
+            lit = wvar[t, k] if k in maps_of(t) else 0   # 0: a tensor that is never physical
+            if isinstance(lit, int):
+                if not lit:
+                    m.add(r == 0)
+            else:
+                m.add_implication(r, lit)
+        by_kernel[f.kernel].append(r)
+        lat_terms.append((-ps, r))
+    for rs in by_kernel.values():
+        if len(rs) > 1:
+            m.add_at_most_one(rs)
 
 
 def _nogoods(vtog: VTOG, acc, chosen: set[int], impl: dict[str, str], err: StrategyError, y,

@@ -629,6 +629,47 @@ def test_inductor_prices_a_copy_next_to_its_generated_code_as_fused():
     assert sum(r["seconds"] for r in ev.rows) == pytest.approx(ev.latency_s)
 
 
+def test_inductor_inlines_a_pointwise_kernel_into_the_generated_kernel_next_to_it():
+    """Inductor's scheduler fuses pointwise code into the generated kernel that produces what it reads (Gemma 2
+    9B's decode step ran 21 distinct kernels for 720 pointwise groups): every solver sees one launch and the
+    round trip between them saved when both run as Inductor's code, and none when either is a template; the
+    ILP's objective is what evaluation says of its strategy."""
+    from cost_models.accounting import PHYS, RegionFusion
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x):
+            h = x @ self.w                                          # one row: generated code, not an extern GEMM
+            return torch.tanh(h.sum(-1, keepdim=True) * h) * 3.0 + h    # a reduction, then pointwise code
+
+    g = capture(M(), (torch.randn(1, 64),))
+    assert sorted(gr.kind for gr in g.groups.values()) == ["elementwise", "matmul", "reduction"]
+    pw = next(k for k, gr in g.groups.items() if gr.kind == "elementwise")
+    v = build_vtog(g)
+    o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "triton"))
+    acc = o.accounting(v)
+    # next to the reduction in the schedule (the GEMM it also reads runs before that)
+    assert acc.region_fusions == [RegionFusion(pw, "sum_1", ("sum_1",), 4)]
+    saving = o.region_fusion_saving(acc, acc.region_fusions[0])
+    assert 0 < saving <= o.launch_seconds() + o.traffic_seconds(8)
+    base = get_solver("none")(v, o).strategy
+    inductor = o.evaluate(base.set_implementations({k: im.INDUCTOR for k in g.groups}))
+    rows = {r["unit"]: r for r in inductor.rows}
+    assert rows[pw]["inlined_into"] == "sum_1" and rows[pw]["seconds"] >= 0
+    assert sum(r["seconds"] for r in inductor.rows) == pytest.approx(inductor.latency_s)
+    template = o.evaluate(base.set_implementations({**{k: im.INDUCTOR for k in g.groups}, pw: "triton"}))
+    assert "inlined_into" not in {k for r in template.rows for k in r}
+    u = acc.kernel_unit(pw)
+    alone = o.unit_cost(acc, u, tuple(acc.key_of(t, PHYS) for t in u.tensors), im.INDUCTOR).seconds
+    assert rows[pw]["seconds"] == pytest.approx(alone - saving)
+    res = get_solver("ilp")(v, o, budget=20)
+    assert res.objective == pytest.approx(o.evaluate(res.strategy).objective, rel=1e-6)
+    assert res.strategy.impl.get(pw) == im.INDUCTOR == res.strategy.impl.get("sum_1")
+
+
 def test_a_small_kernel_does_not_absorb_a_large_copy_next_to_it():
     """A copy joins Inductor's code only in a kernel that loops over at least as many elements as it writes: a
     few new keys written next to a KV cache fuse their own rows, and the cache's copy stays a copy kernel of its
