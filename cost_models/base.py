@@ -291,8 +291,7 @@ class CostOracle:
         from vtcsearch.core.implementation import INDUCTOR
         out: dict[str, tuple[str, float]] = {}
         for f in acc.region_fusions:
-            if impl.get(f.kernel) != INDUCTOR or impl.get(f.into) != INDUCTOR or \
-                    any(acc.key_of(t, trees.get(t, PHYS)) != acc.key_of(t, PHYS) for t in f.via):
+            if impl.get(f.kernel) != INDUCTOR or impl.get(f.into) != INDUCTOR or not fusion_open(acc, f, trees):
                 continue
             saved = self.region_fusion_saving(acc, f)
             if saved > out.get(f.kernel, ("", 0.0))[1]:
@@ -412,6 +411,11 @@ class CostOracle:
         if self.implementations != ("triton",):
             out["implementations"] = list(self.implementations)
         return out
+
+
+def fusion_open(acc: Accounting, f: RegionFusion, trees: Mapping[str, int]) -> bool:
+    """Whether the tensors between the two kernels of region fusion ``f`` are physical under ``trees``."""
+    return all(acc.key_of(t, trees.get(t, PHYS)) == acc.key_of(t, PHYS) for t in f.via)
 
 
 def choice_of(strategy: Strategy) -> dict[str, int]:

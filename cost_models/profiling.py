@@ -11,8 +11,9 @@ configuration as infeasible (``inf``) rather than failing the search, and counts
 ``stats.errors``; a transient failure (out of memory, a timeout) is counted and never stored.
 
 ``measure_top=k`` makes a whole model's search practical (the runner and ``vtcsearch.compile`` default to
-:data:`DEFAULT_MEASURE_TOP`; ``measure_top: null`` in a config measures every configuration): of each unit's configurations only the ``k`` the
-analytical model ranks cheapest (and the all-physical one) are measured; every other is the model's price
+:data:`DEFAULT_MEASURE_TOP`; ``measure_top: null`` in a config measures every configuration): of each unit's
+configurations only the ``k`` the analytical model ranks cheapest (and the all-physical one) are measured; every
+other is the model's price
 times the largest measured/modelled ratio among the unit's measured ones, so it never undercuts a measured
 configuration of its unit (:meth:`ProfilingOracle.unit_cost`).  The attention unit of a Llama 3 8B decode
 step alone has 906 configurations (1,761 distinct kernels for the whole model, 2026-12-05).

@@ -126,18 +126,35 @@ class Run:
 
 def best_implementations(oracle: CostOracle, strategy: Strategy) -> dict[str, str]:
     """Kernel group -> its cheapest implementation (of the oracle's) under ``strategy``'s maps; only
-    non-default entries.  Implementations are independent given the maps, so this is optimal for them."""
+    non-default entries.  Each group's cheapest alone, then Inductor for a pointwise group wherever Inductor
+    inlining it into a neighbour already on Inductor makes that cheaper (``Accounting.region_fusions``; each
+    switch only adds savings, so a few passes settle it)."""
     if len(oracle.implementations) == 1:
         return {}
-    from cost_models.base import choice_of
+    from cost_models.base import choice_of, fusion_open
+    from vtcsearch.core.implementation import INDUCTOR
     acc = oracle.accounting(strategy.vtog)
     trees = acc.trees_of_choice(choice_of(strategy))
-    out = {}
+    out, best = {}, {}
     for u in acc.units:
         if u.kind == "kernel":
-            im, _ = oracle.best_implementation(acc, u, oracle.unit_keys(acc, u, trees))
+            im, c = oracle.best_implementation(acc, u, oracle.unit_keys(acc, u, trees))
+            best[u.kernel] = c.seconds
             if im != "triton":
                 out[u.kernel] = im
+    changed = bool(acc.region_fusions)
+    while changed:
+        changed = False
+        for f in acc.region_fusions:
+            if out.get(f.kernel) == INDUCTOR or out.get(f.into) != INDUCTOR or not fusion_open(acc, f, trees):
+                continue
+            u = acc.kernel_unit(f.kernel)
+            if INDUCTOR not in oracle.unit_implementations(acc, u):
+                continue
+            c = oracle.unit_cost(acc, u, oracle.unit_keys(acc, u, trees), INDUCTOR).seconds \
+                - oracle.region_fusion_saving(acc, f)
+            if c < best[f.kernel]:
+                out[f.kernel], best[f.kernel], changed = INDUCTOR, c, True
     return out
 
 

@@ -10,6 +10,7 @@ import math
 import random
 import re
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -668,6 +669,20 @@ def test_inductor_inlines_a_pointwise_kernel_into_the_generated_kernel_next_to_i
     res = get_solver("ilp")(v, o, budget=20)
     assert res.objective == pytest.approx(o.evaluate(res.strategy).objective, rel=1e-6)
     assert res.strategy.impl.get(pw) == im.INDUCTOR == res.strategy.impl.get("sum_1")
+
+    class Dearer(AnalyticalOracle):
+        """Inductor's pointwise kernel alone a little dearer than the template, by less than its inlining saves."""
+
+        def measure(self, spec):
+            c = super().measure(spec)
+            return replace(c, seconds=c.seconds + saving / 2) if spec.unit.kernel == pw and \
+                spec.impl == im.INDUCTOR else c
+
+    d = Dearer(Hardware.preset("H200"), implementations=("inductor", "triton"))
+    dacc = d.accounting(v)
+    assert d.best_implementation(dacc, dacc.kernel_unit(pw), tuple(dacc.key_of(t, PHYS) for t in
+                                                                     dacc.kernel_unit(pw).tensors))[0] == "triton"
+    assert get_solver("none")(v, d).strategy.impl.get(pw) == im.INDUCTOR   # next to Inductor's reduction
 
 
 def test_a_small_kernel_does_not_absorb_a_large_copy_next_to_it():
