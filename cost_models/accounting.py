@@ -989,9 +989,7 @@ class Accounting:
                                       op=op.name, out=j))
         if self.fuse:
             units = fuse_copies(g, self.kernel_ops, units)
-        # a part's search (decompose) prices kernels alone; the whole graph's evaluation counts the fusions
-        self.region_fusions = region_fusions(g, self.kernel_ops) \
-            if self.fuse and getattr(self.vtog, "parent", None) is None else []
+        fusions = region_fusions(g, self.kernel_ops) if self.fuse else []
         if getattr(self.vtog, "parent", None) is not None:
             # a part of a larger VTOG (solvers.decompose.sub_vtog): only the units whose maps its options can
             # change; every other unit's cost is the same under every strategy of the part (a constant the
@@ -1001,6 +999,8 @@ class Accounting:
         self.part = getattr(self.vtog, "parent", None) is not None
         self.units = units
         self._kernel_units = {u.kernel: u for u in units if u.kind == "kernel"}
+        # a part's search sees the fusions between kernels it prices (both touch a tensor its options move)
+        self.region_fusions = [f for f in fusions if f.kernel in self._kernel_units and f.into in self._kernel_units]
         self.units_of: dict[str, list[int]] = {}
         for u in units:
             for t in u.tensors:
