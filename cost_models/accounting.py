@@ -1422,17 +1422,20 @@ class Accounting:
         return spec
 
     # -- memory ----------------------------------------------------------------
-    def peak_bytes(self, maps_targets: Mapping[str, Iterable[str]]) -> int:
+    def peak_bytes(self, maps_targets: Mapping[str, Iterable[str]], in_regions: Iterable[str] = ()) -> int:
         """Peak bytes: constant storages plus the max over steps of live intermediate storages.
 
         ``maps_targets``: tensor -> storages its map lands in (every graph tensor).
         A storage lives from the first write to the last read of any tensor that
         resolves into it: a virtual tensor's consumers extend its storage's life.
+        ``in_regions``: tensors a strategy leaves inside an Inductor region, never allocated
+        (:meth:`CostOracle.region_views`).
         """
         lo: dict[str, int] = {}
         hi: dict[str, int] = {}
+        skip = set(in_regions)
         for t, targets in maps_targets.items():
-            if t in self.internal:
+            if t in self.internal or t in skip:
                 continue
             a, b = self.span[t]
             for s in targets:

@@ -685,6 +685,33 @@ def test_inductor_inlines_a_pointwise_kernel_into_the_generated_kernel_next_to_i
     assert get_solver("none")(v, d).strategy.impl.get(pw) == im.INDUCTOR   # next to Inductor's reduction
 
 
+def test_a_weight_view_read_by_inductor_in_its_region_is_not_allocated():
+    """A weight's transpose (over the fold limit) that Inductor's GEMM reads is a view in its region, not a
+    buffer: the memory model leaves it out (it had predicted Gemma 2 9B's LM head transpose, 1.8 GB, for a pick
+    that reads it so); read by the template instead, it is counted as before."""
+    from cost_models.accounting import PHYS
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(256, 128))     # 128 KiB: over FOLD_LIMIT_BYTES, not folded
+
+        def forward(self, x):
+            return torch.relu(x @ self.w.t())
+
+    g = capture(M(), (torch.randn(4, 128),))
+    v = build_vtog(g)
+    o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "triton"))
+    acc = o.accounting(v)
+    base = get_solver("none")(v, o).strategy
+    everything = acc.peak_bytes({t: acc.map_of(t, PHYS).targets() for t in g.tensors})
+    inductor = base.set_implementations({k: im.INDUCTOR for k in g.groups})
+    assert o.region_views(acc, {}, inductor.impl) == {"t"}
+    assert o.evaluate(inductor).peak_bytes == everything - g.tensors["t"].nbytes
+    template = base.set_implementations({k: "triton" for k in g.groups})
+    assert o.region_views(acc, {}, template.impl) == set() and o.evaluate(template).peak_bytes == everything
+
+
 def test_a_small_kernel_does_not_absorb_a_large_copy_next_to_it():
     """A copy joins Inductor's code only in a kernel that loops over at least as many elements as it writes: a
     few new keys written next to a KV cache fuse their own rows, and the cache's copy stays a copy kernel of its
