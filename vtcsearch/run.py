@@ -367,8 +367,7 @@ def end_with_parent(poll_s: float = 0.5) -> None:
 
     A spawned compile process leads a group of its own, so a runner killed outright (the SIGKILL that follows
     a deadline's SIGTERM) cannot take it along: on the H200 16 such orphans kept 30 GB of GPU memory and their
-    host memory into the next run, which the kernel then killed."""
-    import os
+    host memory into the next run, which was then killed (most likely for memory)."""
     import signal
     import threading
     parent = os.getppid()
