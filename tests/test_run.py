@@ -1287,6 +1287,7 @@ def test_a_compile_process_ends_when_its_runner_is_killed(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     parent = subprocess.Popen([sys.executable, "-c", runner, child], stdout=subprocess.PIPE, text=True, env=env)
     pids = [int(x) for x in parent.stdout.readline().split()]   # the compile process and what it started
+    assert len(pids) == 2, "the stand-in compile process did not start"
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
 
