@@ -33,7 +33,7 @@ import math
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -1491,11 +1491,19 @@ def matrix_vector(g: TensorGraph, op: str) -> bool:
     return a[-2] == 1 or b[-1] == 1
 
 
-def _schedule(g: TensorGraph):
-    """(step position, groups before each position): two steps are in one Inductor region only if no other kernel
-    group runs between them (realization's regions are runs of consecutive steps)."""
+def _next_to(g: TensorGraph, unscheduled: bool) -> Callable[[str, str], bool]:
+    """Whether two steps can share an Inductor region: no other kernel group runs between them in the schedule
+    (realization's regions are runs of consecutive steps); ``unscheduled``: the answer for a step that is not
+    in the schedule (a graph built by hand)."""
     pos = {st: k for k, st in enumerate(g.steps)}
-    return pos, np.cumsum([0] + [st in g.groups for st in g.steps])
+    groups_before = np.cumsum([0] + [st in g.groups for st in g.steps])
+
+    def next_to(a: str, b: str) -> bool:
+        if a not in pos or b not in pos:
+            return unscheduled
+        i, j = sorted((pos[a], pos[b]))
+        return groups_before[j] - groups_before[i + 1] == 0
+    return next_to
 
 
 def region_fusions(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]]) -> list[RegionFusion]:
@@ -1511,13 +1519,7 @@ def region_fusions(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]]) -> l
     that disappears, never the last one of a region."""
     from vtcsearch.core.fusion import ELEMENTWISE
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
-    pos, groups_before = _schedule(g)
-
-    def adjacent(a: str, b: str) -> bool:
-        if a not in pos or b not in pos:
-            return False
-        i, j = sorted((pos[a], pos[b]))
-        return groups_before[j] - groups_before[i + 1] == 0
+    adjacent = _next_to(g, unscheduled=False)
 
     def generated(k: str) -> bool:
         return all(g.ops[o].category in ("pointwise", "reduction") or matrix_vector(g, o)
@@ -1577,16 +1579,9 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
     kernel that reads it instead, of whatever kind: in that kernel's region it is a view, not a copy.
     """
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
-    # the schedule: realization's Inductor regions are runs of consecutive steps, so a copy joins a kernel's
-    # region only if no other kernel group runs between them (that group may be a template, which cuts it)
-    pos, groups_before = _schedule(g)
-
-    def next_to(op: str, kernel: str) -> bool:
-        """Whether only movement ops run between movement op ``op`` and ``kernel`` in the schedule."""
-        if op not in pos or kernel not in pos:
-            return True          # a graph without a schedule (built by hand): every kernel is next to it
-        a, b = sorted((pos[op], pos[kernel]))
-        return groups_before[b] - groups_before[a + 1] == 0
+    # a copy joins a kernel's region only if no other kernel group (maybe a template, which cuts the region) runs
+    # between them; in a graph without a schedule (built by hand) every kernel is next to it
+    next_to = _next_to(g, unscheduled=True)
 
     def generated(op: str) -> bool:
         """Whether Inductor runs kernel op ``op`` as generated code (not an extern call)."""

@@ -291,7 +291,8 @@ class CostOracle:
         from vtcsearch.core.implementation import INDUCTOR
         out: dict[str, tuple[str, float]] = {}
         for f in acc.region_fusions:
-            if impl.get(f.kernel) != INDUCTOR or impl.get(f.into) != INDUCTOR or not fusion_open(acc, f, trees):
+            if impl.get(f.kernel) != INDUCTOR or impl.get(f.into) != INDUCTOR or \
+                    not all_physical(acc, f.via, trees):
                 continue
             saved = self.region_fusion_saving(acc, f)
             if saved > out.get(f.kernel, ("", 0.0))[1]:
@@ -311,8 +312,7 @@ class CostOracle:
             ops = set(acc.kernel_ops.get(u.kernel, ()))
             for cu in u.fuses:
                 op = g.ops[cu.op]
-                if not is_view(op) or any(acc.key_of(t, trees.get(t, PHYS)) != acc.key_of(t, PHYS)
-                                          for t in cu.tensors + cu.via):
+                if not is_view(op) or not all_physical(acc, cu.tensors + cu.via, trees):
                     continue
                 out.update(t for t in op.outputs if set(g.tensors[t].consumers) <= ops)
         return out
@@ -433,9 +433,9 @@ class CostOracle:
         return out
 
 
-def fusion_open(acc: Accounting, f: RegionFusion, trees: Mapping[str, int]) -> bool:
-    """Whether the tensors between the two kernels of region fusion ``f`` are physical under ``trees``."""
-    return all(acc.key_of(t, trees.get(t, PHYS)) == acc.key_of(t, PHYS) for t in f.via)
+def all_physical(acc: Accounting, tensors: Iterable[str], trees: Mapping[str, int]) -> bool:
+    """Whether every one of ``tensors`` resolves to its own storage, as laid out physically, under ``trees``."""
+    return all(acc.key_of(t, trees.get(t, PHYS)) == acc.key_of(t, PHYS) for t in tensors)
 
 
 def choice_of(strategy: Strategy) -> dict[str, int]:

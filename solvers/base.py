@@ -131,7 +131,7 @@ def best_implementations(oracle: CostOracle, strategy: Strategy) -> dict[str, st
     switch only adds savings, so a few passes settle it)."""
     if len(oracle.implementations) == 1:
         return {}
-    from cost_models.base import choice_of, fusion_open
+    from cost_models.base import all_physical, choice_of
     from vtcsearch.core.implementation import INDUCTOR
     acc = oracle.accounting(strategy.vtog)
     trees = acc.trees_of_choice(choice_of(strategy))
@@ -146,7 +146,8 @@ def best_implementations(oracle: CostOracle, strategy: Strategy) -> dict[str, st
     while changed:
         changed = False
         for f in acc.region_fusions:
-            if out.get(f.kernel) == INDUCTOR or out.get(f.into) != INDUCTOR or not fusion_open(acc, f, trees):
+            if out.get(f.kernel) == INDUCTOR or out.get(f.into) != INDUCTOR or \
+                    not all_physical(acc, f.via, trees):
                 continue
             u = acc.kernel_unit(f.kernel)
             if INDUCTOR not in oracle.unit_implementations(acc, u):
