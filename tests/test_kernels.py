@@ -674,6 +674,20 @@ def test_attention_plain_layouts_no_split():
     assert_written(out, attn_ref(qr, kr, vr, 1 / math.sqrt(D)))
 
 
+@pytest.mark.parametrize("config", [{"BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "splits": 3},
+                                    {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "splits": 1}])
+def test_attention_forced_config(config):
+    """A forced configuration (what the bench's sweep times) is the one launched, and still right."""
+    B, HQ, HKV, S, D = 1, 4, 2, 40, 16
+    k, v, kr, vr, _ = kv_ops("cache_expand", B, HQ, HKV, S, D)
+    q, qr, out = q_out_ops(B, HQ, 1, D)
+    plan, = attention(q, k, v, out, config=config)
+    assert plan.config == config and plan.kernels == (2 if config["splits"] > 1 else 1)
+    assert_written(out, attn_ref(qr, kr, vr, 1 / math.sqrt(D)))
+    with pytest.raises(ValueError, match="lacks"):
+        attention(q, k, v, out, config={"BLOCK_N": 16})
+
+
 def test_attention_bf16():
     B, HQ, HKV, S, D = 1, 8, 2, 40, 16
     k, v, kr, vr, _ = kv_ops("cache_expand", B, HQ, HKV, S, D, dtype=torch.bfloat16)

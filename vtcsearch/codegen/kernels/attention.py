@@ -176,11 +176,41 @@ def _splits(n_prog: int, skv: int, block_n: int, sq: int, gpu: bool) -> int:
     return max(1, min(-(-2 * sms // n_prog), blocks // 2, 64))
 
 
+def attention_configs(sq: int, skv: int, rows: int, n_prog: int, gpu: bool,
+                      num_splits: int | None = None) -> list[dict]:
+    """The configurations the autotuner times: (BLOCK_N, warps, stages) tiles, each with the key splits that
+    fill the GPU for ``n_prog`` programs per split (times a multiplier), or ``num_splits``; ``rows`` query rows
+    per tile."""
+    if gpu:  # (BLOCK_N, warps, stages, split multiplier)
+        cands = [(64, 4, 2, 1), (128, 4, 2, 1), (32, 4, 3, 1), (64, 4, 3, 2), (128, 8, 3, 1), (32, 4, 4, 2)] \
+            if sq <= 16 else [(64, 4 if rows <= 64 else 8, 2, 1), (32, 4, 3, 1), (128, 8, 2, 1), (64, 8, 3, 1)]
+    else:
+        cands = [(16, 4, 1, 1)]
+    configs: list[dict] = []
+    for bn, w, st, mult in cands:
+        bn = min(bn, max(16, next_pow2(skv)))
+        sp = num_splits or min(_splits(n_prog, skv, bn, sq, gpu) * mult, max(1, -(-skv // bn)))
+        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}
+        if cfg not in configs:
+            configs.append(cfg)
+    return configs
+
+
+def _whole(config: dict) -> dict:
+    missing = {"BLOCK_N", "num_warps", "num_stages", "splits"} - set(config)
+    if missing:
+        raise ValueError(f"attention config lacks {sorted(missing)}")
+    return dict(config)
+
+
 def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float | None = None,
               causal: bool = False, window: int | None = None, softcap: float | None = None,
               kv_len: int | torch.Tensor | None = None, group: int | None = None,
-              num_splits: int | None = None, mask: Operand | None = None) -> list[Plan]:
-    """Scaled dot-product attention; see the module docstring.  Returns the plans launched."""
+              num_splits: int | None = None, mask: Operand | None = None, config: dict | None = None) -> list[Plan]:
+    """Scaled dot-product attention; see the module docstring.  Returns the plans launched.
+
+    ``num_splits`` forces the number of key splits of every candidate configuration; ``config`` forces one
+    whole configuration (``BLOCK_N``, ``num_warps``, ``num_stages``, ``splits``), for tests and benches."""
     B, HQ, SQ, D = q.shape
     Bk, HK, SKV, Dk = k.shape
     DV = v.shape[-1]
@@ -202,19 +232,7 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         BLOCK_MQ = max(1, min(next_pow2(SQ), target_rows // GP))
     ROWS = max(16, GP * BLOCK_MQ)
     n_mblk = -(-SQ // BLOCK_MQ)
-    if gpu:  # (BLOCK_N, warps, stages, split multiplier)
-        cands = [(64, 4, 2, 1), (128, 4, 2, 1), (32, 4, 3, 1), (64, 4, 3, 2), (128, 8, 3, 1), (32, 4, 4, 2)] \
-            if SQ <= 16 else [(64, 4 if ROWS <= 64 else 8, 2, 1), (32, 4, 3, 1), (128, 8, 2, 1), (64, 8, 3, 1)]
-    else:
-        cands = [(16, 4, 1, 1)]
-    configs = []
-    for bn, w, st, mult in cands:
-        bn = min(bn, max(16, next_pow2(SKV)))
-        sp = num_splits or min(_splits(n_mblk * B * HG, SKV, bn, SQ, gpu) * mult, max(1, -(-SKV // bn)))
-        cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}
-        if cfg not in configs:
-            configs.append(cfg)
-
+    configs = attention_configs(SQ, SKV, ROWS, n_mblk * B * HG, gpu, num_splits) if config is None else [_whole(config)]
     if isinstance(kv_len, torch.Tensor):
         if kv_len.numel() not in (1, B):
             raise ValueError("kv_len tensor needs 1 or B elements")

@@ -13,6 +13,8 @@ with CUDA-graph replays (:func:`vtcsearch.codegen.timing.bench`), in fp16:
   stride-2 3x3 and 1x1): vtcsearch's template reading ``x`` through a channel Split map and
   writing a channel slab of a Concat storage (``triton_map``), the template on dense
   tensors (``triton_dense``), cuDNN in NCHW and channels-last;
+* decode attention (``--attention-csv``; Llama 3 8B and Gemma 2 9B heads at context 4096, batch 1 and 16):
+  the autotuned choice and a sweep of tiles, stages and key splits, each against the floor of the cache read;
 * decode GEMMs (M = 1, 16; K, N of Llama 3 8B's projections, :data:`GEMM_SHAPES`): the
   autotuned template (tiled and split-K configs; its choice in ``config``), the best tiled
   configuration alone, cuBLAS (``x @ w.t()``), and the HBM floor of the weight stream.
@@ -273,6 +275,76 @@ def gemm_rows(ms: Sequence[int] = (1, 16), shapes: Sequence[tuple] = tuple(GEMM_
     return rows
 
 
+# (name, query heads, KV heads, head dim, soft-cap) of the decode attentions of the whole-model configs
+ATTENTION_SHAPES: list[tuple[str, int, int, int, float | None]] = [
+    ("llama3_8b", 32, 8, 128, None), ("gemma2_9b", 16, 8, 256, 50.0),
+]
+
+
+def attention_rows(batches: Sequence[int] = (1, 16), shapes: Sequence[tuple] = tuple(ATTENTION_SHAPES),
+                   context: int = 4096, rep_ms: float = 30.0, sweep: bool = True,
+                   bandwidth: float = 4.3e12) -> list[dict[str, Any]]:
+    """Decode attention (one query token, ``context`` + 1 keys) as the whole models run it: the KV cache
+    [B, S, Hkv, D] read through the repeat_kv map, the length a device tensor, the output written into the
+    [B, 1, Hq * D] activation.  Per shape and batch: the autotuned choice, then (``sweep``) every
+    configuration of a grid of tiles, stages and key splits, each against the HBM floor of the cache read."""
+    from ...core.mapping import index_vars
+    from . import Operand, attention
+    from .attention import attention_configs
+    dev, bf = "cuda", torch.bfloat16
+    S = context + 1
+    v4 = index_vars(4)
+    rows = []
+    for name, HQ, HKV, D, softcap in shapes:
+        for B in batches:
+            q = torch.randn(B, 1, HQ, D, device=dev, dtype=bf)
+            kc = torch.randn(B, S, HKV, D, device=dev, dtype=bf)
+            vc = torch.randn(B, S, HKV, D, device=dev, dtype=bf)
+            o = torch.empty(B, 1, HQ * D, device=dev, dtype=bf)
+            idx = [v4[0], v4[2], v4[1] // (HQ // HKV), v4[3]]
+            k_op = Operand.dense(kc, "kc").view([B, HQ, S, D], idx)
+            v_op = Operand.dense(vc, "vc").view([B, HQ, S, D], idx)
+            q_op = Operand.dense(q, "q").permute([0, 2, 1, 3])
+            o_op = Operand.dense(o, "o").view([B, HQ, 1, D], [v4[0], v4[2], v4[1] * D + v4[3]])
+            kvl = torch.tensor([S], device=dev)
+            nbytes = 2 * kc.numel() * 2 + q.numel() * 2 + o.numel() * 2
+            floor = nbytes / bandwidth * 1e6
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2).float(), kc.transpose(1, 2).float().repeat_interleave(HQ // HKV, 1),
+                vc.transpose(1, 2).float().repeat_interleave(HQ // HKV, 1)) if softcap is None else None
+
+            def one(config: dict | None, label: str) -> None:
+                row: dict[str, Any] = {"attention": name, "batch": B, "choice": label, "bytes": nbytes,
+                                       "floor_us": floor}
+                try:
+                    run = lambda: attention(q_op, k_op, v_op, o_op, kv_len=kvl, softcap=softcap,  # noqa: E731
+                                            config=config)
+                    plans = run()
+                    row["config"] = dict(plans[0].config)
+                    row["us"] = _time_us(run, rep_ms)
+                    row["x_floor"] = row["us"] / floor
+                    if ref is not None:
+                        row["max_abs_err"] = float((o.view(B, HQ, D).float() - ref[:, :, 0]).abs().max())
+                except Exception as e:   # a tile that does not fit (shared memory) is that row's error
+                    row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                rows.append(row)
+                print(f"attn {name} bs{B} {label:8s} {row.get('us', float('nan')):8.1f} us "
+                      f"x{row.get('x_floor', float('nan')):.2f} floor {row.get('config', row.get('error'))}",
+                      flush=True)
+
+            one(None, "autotune")
+            if sweep:
+                n_prog = B * HKV
+                base = attention_configs(1, S, 16, n_prog, True)[0]["splits"]
+                for bn in (16, 32, 64):
+                    for w in (4, 8):
+                        for st in (2, 3, 4):
+                            for mult in (1, 2, 4):
+                                sp = max(1, min(base * mult, -(-S // bn)))
+                                one({"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}, "sweep")
+    return rows
+
+
 def write_csv(path: str, rows: list[dict[str, Any]], prov: dict[str, str]) -> None:
     """``rows`` with the provenance columns, every key a column (the union, in first-seen order)."""
     rows = [{**r, **prov} for r in rows]
@@ -293,6 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 16])
     ap.add_argument("--conv-csv", default=None, help="time the conv layers, write this CSV")
     ap.add_argument("--gemm-csv", default=None, help="time the decode GEMMs, write this CSV")
+    ap.add_argument("--attention-csv", default=None, help="time and sweep the decode attentions, write this CSV")
     ap.add_argument("--layers", default=None, help="comma-separated conv layer names (default: all)")
     ap.add_argument("--gemms", default=None, help="comma-separated GEMM names (default: all)")
     ap.add_argument("--m", type=int, nargs="+", default=[1, 16], help="decode GEMM row counts")
@@ -303,13 +376,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(why, file=sys.stderr)
         return 2
     print(f"device: {torch.cuda.get_device_name()}")
-    if args.conv_csv or args.gemm_csv:
+    if args.conv_csv or args.gemm_csv or args.attention_csv:
         prov = provenance(argv)
         pick = lambda table, names: [t for t in table if not names or t[0] in names.split(",")]  # noqa: E731
         if args.conv_csv:
             write_csv(args.conv_csv, conv_rows(pick(CONV_LAYERS, args.layers), args.rep_ms), prov)
         if args.gemm_csv:
             write_csv(args.gemm_csv, gemm_rows(args.m, pick(GEMM_SHAPES, args.gemms), args.rep_ms), prov)
+        if args.attention_csv:   # written after each shape, so a call cut short keeps what it timed
+            rows: list[dict[str, Any]] = []
+            for shape in ATTENTION_SHAPES:
+                rows += attention_rows(args.batch, [shape], rep_ms=min(args.rep_ms, 30.0))
+                write_csv(args.attention_csv, rows, prov)
         return 0
     print(f"{'kernel':24s} {'batch':>5s} {'vtc us':>9s} {'torch us':>9s} {'MB':>8s} {'vtc GB/s':>9s}  config")
     for b in args.batch:
