@@ -675,17 +675,40 @@ def test_attention_plain_layouts_no_split():
 
 
 @pytest.mark.parametrize("config", [{"BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "splits": 3},
-                                    {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "splits": 1}])
+                                    {"BLOCK_N": 32, "num_warps": 4, "num_stages": 1, "splits": 1},
+                                    {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "splits": 3, "fused": True}])
 def test_attention_forced_config(config):
     """A forced configuration (what the bench's sweep times) is the one launched, and still right."""
     B, HQ, HKV, S, D = 1, 4, 2, 40, 16
     k, v, kr, vr, _ = kv_ops("cache_expand", B, HQ, HKV, S, D)
     q, qr, out = q_out_ops(B, HQ, 1, D)
     plan, = attention(q, k, v, out, config=config)
-    assert plan.config == config and plan.kernels == (2 if config["splits"] > 1 else 1)
+    assert plan.config == config
+    assert plan.kernels == (2 if config["splits"] > 1 and not config.get("fused") else 1)
     assert_written(out, attn_ref(qr, kr, vr, 1 / math.sqrt(D)))
     with pytest.raises(ValueError, match="lacks"):
         attention(q, k, v, out, config={"BLOCK_N": 16})
+
+
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_fused_split_attention_merges_and_resets(as_tensor):
+    """The fused split-KV kernel: the last program of each group merges (a masked-out split included), and puts
+    its semaphore back to zero, so a second run (a CUDA-graph replay) merges again."""
+    B, HQ, HKV, S, D = 2, 4, 2, 48, 16
+    k, v, kr, vr, _ = kv_ops("cache_expand", B, HQ, HKV, S, D)
+    q, qr, out = q_out_ops(B, HQ, 1, D)
+    lens = [37, 5] if as_tensor else [37, 37]   # batch 1's length leaves its last splits empty
+    kv_len = torch.tensor(lens, device=DEV, dtype=torch.int32) if as_tensor else 37
+    cfg = {"BLOCK_N": 16, "num_warps": 4, "num_stages": 1, "splits": 3, "fused": True}
+    plan, = attention(q, k, v, out, kv_len=kv_len, config=cfg)
+    sems = plan.take_args()[-1]
+    assert sems.dtype == torch.int32 and sems.numel() == B * HKV and not sems.any()
+    ref = attn_ref(qr, kr, vr, 1 / math.sqrt(D), kv_len=lens)
+    assert_written(out, ref)
+    out.tensors["o"].fill_(float("nan"))
+    plan.run([*q.kernel_args(), *k.kernel_args(), *v.kernel_args(), *out.kernel_args(),
+              kv_len if as_tensor else 0, sems])
+    assert_written(out, ref)
 
 
 def test_attention_bf16():

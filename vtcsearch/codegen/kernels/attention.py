@@ -23,8 +23,11 @@ once per KV head.
   scores), read through its map tile by tile like the keys.
 
 Decode-shaped problems (few query rows) split the key sequence over programs
-(FlashDecoding); a small combine kernel merges the partial results through
-``out``'s map.
+(FlashDecoding).  The partial results are merged through ``out``'s map either by a small
+combine kernel, or (``fused``) by the last program of each split group to finish: every
+program counts itself in on a per-group semaphore and the last one merges, as CUDA's
+threadFenceReduction sample does, which saves the combine kernel's launch.  The
+autotuner times both.
 """
 from __future__ import annotations
 
@@ -35,14 +38,14 @@ import torch
 
 from ..heads import shares_heads
 from .autotune import autotune
-from .codecache import PartsPlan, Plan, compile_source, interpreting, key_of, plan_cache
+from .codecache import PartsPlan, Plan, compile_source, interpreting, key_of, plan_cache, recording
 from .emit import IO, next_pow2, render, tl_dtype
 from .operand import Operand
 
 
 _MAIN = """
 @triton.jit
-def attn_kernel(@params@, ws_o, ws_m, ws_l, kvlen_ptr,
+def attn_kernel(@params@, ws_o, ws_m, ws_l, kvlen_ptr, sem_ptr,
                 BLOCK_N: tl.constexpr, BLOCK_MQ: tl.constexpr, ROWS: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr):
     @@prologue
@@ -125,14 +128,34 @@ def attn_combine(@params@, ws_o, ws_m, ws_l, SPLITS: tl.constexpr, SPLITS_P2: tl
 @dataclass
 class SplitKVPlan(PartsPlan):
     """Split-KV attention: the main kernel writes each split's partial output, max and sum to fp32 workspaces
-    (allocated per run), the combine kernel merges them into the output.  A step's arguments are q, k, v (and
-    mask) arguments, then the output's, then the KV length."""
+    (allocated per run); the combine kernel merges them into the output, or (``fused``: one part) the main
+    kernel's last program per group does.  A step's arguments are q, k, v (and mask) arguments, then the
+    output's, then the KV length and (fused) the semaphores."""
 
     n_qkv: int = 0
+    fused: bool = False
 
     def part_args(self, k: int, args, ws: list) -> list:
         n = self.n_qkv
-        return list(args[:n]) + ws + [args[-1]] if k == 0 else list(args[n:-1]) + ws
+        if self.fused:
+            return list(args[:-2]) + ws + list(args[-2:])
+        # the separate main kernel neither writes the output nor counts (a workspace fills the semaphore slot)
+        return list(args[:n]) + ws + [args[-1], ws[0]] if k == 0 else list(args[n:-1]) + ws
+
+
+_SHARED_SEMS: dict = {}
+
+
+def _semaphores(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` zeroed int32 counters for a fused split-KV launch.  The last program of a group puts its counter
+    back to zero, so they are reused by every run.  A recorded launch (a step of an executable) owns its own,
+    so that two executables never share one; autotuning's unrecorded trials share one per size."""
+    if recording():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    key = (n, str(device))
+    if key not in _SHARED_SEMS:
+        _SHARED_SEMS[key] = torch.zeros(n, dtype=torch.int32, device=device)
+    return _SHARED_SEMS[key]
 
 
 def _shares_kv(op: Operand, g: int) -> bool:
@@ -176,6 +199,33 @@ def _splits(n_prog: int, skv: int, block_n: int, sq: int, gpu: bool) -> int:
     return max(1, min(-(-2 * sms // n_prog), blocks // 2, 64))
 
 
+def _fused_merge(splits: int, n_mblk: int, out_store: list[str]) -> list[str]:
+    """The end of a fused split-KV program: count in on the group's semaphore; the last to arrive merges every
+    split's partial result (read from L2, past L1) and stores through the output map, then resets the count.
+    The barrier orders all of the program's partial stores before the (acq_rel, GPU-scope) count."""
+    return ["tl.debug_barrier()",
+            f"count = tl.atomic_add(sem_ptr + pid_bh * {n_mblk} + pid_m, 1)",
+            f"if count == {splits - 1}:",
+            "    m_t = tl.full((ROWS,), -float('inf'), tl.float32)",
+            "    l_t = tl.zeros((ROWS,), tl.float32)",
+            "    o_t = tl.zeros((ROWS, BLOCK_DV), tl.float32)",
+            f"    for j in range(0, {splits}):",
+            "        m_j = tl.load(ws_m + wbase + j, mask=row_ok, other=-float('inf'), cache_modifier='.cg')",
+            "        l_j = tl.load(ws_l + wbase + j, mask=row_ok, other=0.0, cache_modifier='.cg')",
+            "        o_j = tl.load(ws_o + (wbase + j)[:, None] * BLOCK_DV + dv[None, :], mask=row_ok[:, None],",
+            "                      other=0.0, cache_modifier='.cg')",
+            "        m_n = tl.maximum(m_t, m_j)",
+            "        m_u = tl.where(m_n == -float('inf'), 0.0, m_n)",
+            "        a_t = tl.exp(m_t - m_u)",
+            "        w_j = tl.exp(m_j - m_u) * l_j",
+            "        o_t = o_t * a_t[:, None] + o_j * w_j[:, None]",
+            "        l_t = l_t * a_t + w_j",
+            "        m_t = m_n",
+            "    o = o_t / tl.where(l_t == 0.0, 1.0, l_t)[:, None]",
+            *("    " + line for line in out_store),
+            f"    tl.store(sem_ptr + pid_bh * {n_mblk} + pid_m, 0)"]
+
+
 def attention_configs(sq: int, skv: int, rows: int, n_prog: int, gpu: bool,
                       num_splits: int | None = None) -> list[dict]:
     """The configurations the autotuner times: (BLOCK_N, warps, stages) tiles, each with the key splits that
@@ -193,6 +243,8 @@ def attention_configs(sq: int, skv: int, rows: int, n_prog: int, gpu: bool,
         cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}
         if cfg not in configs:
             configs.append(cfg)
+    if gpu and sq <= 16:   # each split configuration again with the combine fused into the main kernel
+        configs += [dict(c, fused=True) for c in configs if c["splits"] > 1]
     return configs
 
 
@@ -210,7 +262,8 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
     """Scaled dot-product attention; see the module docstring.  Returns the plans launched.
 
     ``num_splits`` forces the number of key splits of every candidate configuration; ``config`` forces one
-    whole configuration (``BLOCK_N``, ``num_warps``, ``num_stages``, ``splits``), for tests and benches."""
+    whole configuration (``BLOCK_N``, ``num_warps``, ``num_stages``, ``splits``, optionally ``fused``), for tests
+    and benches."""
     B, HQ, SQ, D = q.shape
     Bk, HK, SKV, Dk = k.shape
     DV = v.shape[-1]
@@ -253,12 +306,12 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         pdt = qdt = "tl.float32"
 
     def build_main(cfg: dict) -> Plan:
-        BN, SPL = cfg["BLOCK_N"], cfg["splits"]
+        BN, SPL, fused = cfg["BLOCK_N"], cfg["splits"], cfg.get("fused", False) and cfg["splits"] > 1
         chunk = -(-(-(-SKV // SPL)) // BN) * BN
         ios = {"q": IO(q, "q"), "k": IO(k, "k"), "v": IO(v, "v")}
         if mask is not None:
             ios["am"] = IO(mask, "am")
-        if SPL == 1:
+        if SPL == 1 or fused:
             ios["out"] = IO(out, "out")
         kh = "kvh * %d" % G if by_qhead else "kvh"
         dmask = f"(d[None, :] < {D})" if BLOCK_D != D else None
@@ -288,16 +341,16 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
             mlines.append("valid = valid & (am != 0)" if mask.dtype == torch.bool else "s = s + am")
         soft = [f"s = vtc_softcap(s, {float(softcap)!r})"] if softcap else []
         omask = " & ".join(x for x in ("row_ok[:, None]", dvmask) if x)
-        if SPL == 1:
-            store = ios["out"].store("o", ["b", "qh[:, None]", "mq[:, None]", "dv[None, :]"], mask=omask,
-                                     block=[("b", 1), (f"kvh * {G}", G), ("pid_m * BLOCK_MQ", BLOCK_MQ),
-                                            ("0", BLOCK_DV)])
-        else:
-            row = f"((b * {HQ} + qh) * {SQ} + mq) * {SPL} + pid_s"
-            store = [f"wrow = {row}",
-                     "tl.store(ws_o + wrow[:, None] * BLOCK_DV + dv[None, :], o, mask=row_ok[:, None])",
-                     "tl.store(ws_m + wrow, m_i, mask=row_ok)",
-                     "tl.store(ws_l + wrow, l_i, mask=row_ok)"]
+        store = [] if SPL == 1 else [
+            f"wbase = ((b * {HQ} + qh) * {SQ} + mq) * {SPL}",
+            "tl.store(ws_o + (wbase + pid_s)[:, None] * BLOCK_DV + dv[None, :], o, mask=row_ok[:, None])",
+            "tl.store(ws_m + wbase + pid_s, m_i, mask=row_ok)",
+            "tl.store(ws_l + wbase + pid_s, l_i, mask=row_ok)"]
+        if SPL == 1 or fused:
+            out_store = ios["out"].store("o", ["b", "qh[:, None]", "mq[:, None]", "dv[None, :]"], mask=omask,
+                                         block=[("b", 1), (f"kvh * {G}", G), ("pid_m * BLOCK_MQ", BLOCK_MQ),
+                                                ("0", BLOCK_DV)])
+            store += out_store if SPL == 1 else _fused_merge(SPL, n_mblk, out_store)
         params, prologue = [], []
         for io in ios.values():
             params += io.params()
@@ -331,7 +384,7 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
     def plans(cfg: dict) -> list[Plan]:
         ck = key_of(base_key, sorted(cfg.items()))
         ps = [plan_cache(ck + ":main", lambda: build_main(cfg))]
-        if cfg["splits"] > 1:
+        if cfg["splits"] > 1 and not cfg.get("fused"):
             ps.append(plan_cache(ck + ":combine", lambda: build_combine(cfg)))
         return ps
 
@@ -342,13 +395,15 @@ def attention(q: Operand, k: Operand, v: Operand, out: Operand, *, scale: float 
         SPL = cfg["splits"]
         if SPL == 1:
             dummy = torch.empty(1, device=dev, dtype=torch.float32)
-            ps[0].launch(qkv_args + out.kernel_args() + [dummy, dummy, dummy, kvlen_arg])
+            ps[0].launch(qkv_args + out.kernel_args() + [dummy, dummy, dummy, kvlen_arg, dummy])
             return ps
         rows = B * HQ * SQ * SPL
+        fused = bool(cfg.get("fused"))
         both = plan_cache(key_of(base_key, sorted(cfg.items()), "split"), lambda: SplitKVPlan(
-            "attention", None, ps[0].grid, source=ps[0].source + ps[1].source, modes=ps[0].modes, config=cfg,
-            parts=ps, workspaces=(rows * BLOCK_DV, rows, rows), n_qkv=len(qkv_args)))
-        both.launch(qkv_args + out.kernel_args() + [kvlen_arg])
+            "attention", None, ps[0].grid, source="".join(p.source for p in ps), modes=ps[0].modes, config=cfg,
+            parts=ps, workspaces=(rows * BLOCK_DV, rows, rows), n_qkv=len(qkv_args), fused=fused))
+        sems = [_semaphores(B * HG * n_mblk, dev)] if fused else []
+        both.launch(qkv_args + out.kernel_args() + [kvlen_arg] + sems)
         return [both]
 
     cfg = autotune(base_key, configs, lambda c: (lambda: launch(c)), written=out.tensors.values(), device=dev)

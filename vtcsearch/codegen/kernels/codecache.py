@@ -94,7 +94,7 @@ class Plan:
 
     def launch(self, args: Sequence) -> None:
         """Run on ``args`` and keep them for :meth:`take_args` (not inside :func:`unrecorded`)."""
-        if not getattr(_UNRECORDED, "on", False):
+        if recording():
             self.last_args = list(args)
         self.run(args)
 
@@ -146,6 +146,11 @@ class PartsPlan(Plan):
 
 
 _UNRECORDED = threading.local()
+
+
+def recording() -> bool:
+    """Whether launches now record their arguments (a step being built), not autotuning's trials."""
+    return not getattr(_UNRECORDED, "on", False)
 
 
 @contextmanager
