@@ -342,8 +342,7 @@ def attention_rows(batches: Sequence[int] = (1, 16), shapes: Sequence[tuple] = t
                 for bn in (16, 32, 64):
                     for w in (4, 8):
                         for st in (2, 3):
-                            for mult in (1, 2, 4):
-                                sp = max(1, min(base * mult, -(-S // bn)))
+                            for sp in sorted({max(1, min(round(base * m), -(-S // bn))) for m in (0.25, 0.5, 1, 2)}):
                                 one({"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}, "sweep")
                 # the five best again with the combine fused into the main kernel
                 timed = [r for r in rows if r["attention"] == name and r["batch"] == B and r["choice"] == "sweep"
