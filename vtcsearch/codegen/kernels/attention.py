@@ -232,14 +232,16 @@ def attention_configs(sq: int, skv: int, rows: int, n_prog: int, gpu: bool,
     fill the GPU for ``n_prog`` programs per split (times a multiplier), or ``num_splits``; ``rows`` query rows
     per tile."""
     if gpu:  # (BLOCK_N, warps, stages, split multiplier)
-        cands = [(64, 4, 2, 1), (128, 4, 2, 1), (32, 4, 3, 1), (64, 4, 3, 2), (128, 8, 3, 1), (32, 4, 4, 2)] \
+        # fewer splits (0.5) with deeper pipelines: longer loops per program hide more of the load latency
+        cands = [(64, 4, 2, 1), (128, 4, 2, 1), (32, 4, 3, 1), (64, 4, 3, 2), (128, 8, 3, 1), (32, 4, 4, 2),
+                 (64, 4, 3, 0.5), (32, 4, 3, 0.5)] \
             if sq <= 16 else [(64, 4 if rows <= 64 else 8, 2, 1), (32, 4, 3, 1), (128, 8, 2, 1), (64, 8, 3, 1)]
     else:
         cands = [(16, 4, 1, 1)]
     configs: list[dict] = []
     for bn, w, st, mult in cands:
         bn = min(bn, max(16, next_pow2(skv)))
-        sp = num_splits or min(_splits(n_prog, skv, bn, sq, gpu) * mult, max(1, -(-skv // bn)))
+        sp = num_splits or max(1, min(round(_splits(n_prog, skv, bn, sq, gpu) * mult), -(-skv // bn)))
         cfg = {"BLOCK_N": bn, "num_warps": w, "num_stages": st, "splits": sp}
         if cfg not in configs:
             configs.append(cfg)
