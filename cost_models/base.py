@@ -299,23 +299,30 @@ class CostOracle:
                 out[f.kernel] = (f.into, saved)
         return out
 
+    def region_view_candidates(self, acc: Accounting) -> list[tuple[str, str, tuple[str, ...]]]:
+        """(tensor, kernel, tensors) for each output of a view op that only kernel ``kernel`` reads, in its
+        region: the tensor is not allocated when that kernel runs on Inductor and ``tensors`` are all physical
+        (:meth:`region_views` for one strategy; the ILP's memory model as constraints)."""
+        g, out = acc.graph, []
+        for u in acc.units:
+            if u.kind != "kernel" or not u.fuses:
+                continue
+            ops = set(acc.kernel_ops.get(u.kernel, ()))
+            for cu in u.fuses:
+                op = g.ops[cu.op]
+                if is_view(op):
+                    out += [(t, u.kernel, tuple(cu.tensors + cu.via)) for t in op.outputs
+                            if set(g.tensors[t].consumers) <= ops]
+        return out
+
     def region_views(self, acc: Accounting, trees: Mapping[str, int], impl: Mapping[str, str]) -> set[str]:
         """Outputs of physical view ops that only an Inductor kernel reads, through the view, in its region: a
         weight's transpose read by Inductor's GEMM is a view there, not a buffer (realization puts the view into
         the reader's region), so the memory model must not count it (a whole Gemma 2 9B decode pick that left the
         LM head's 1.8 GB transpose to Inductor was predicted to hold it)."""
         from vtcsearch.core.implementation import INDUCTOR
-        g, out = acc.graph, set()
-        for u in acc.units:
-            if u.kind != "kernel" or not u.fuses or impl.get(u.kernel) != INDUCTOR:
-                continue
-            ops = set(acc.kernel_ops.get(u.kernel, ()))
-            for cu in u.fuses:
-                op = g.ops[cu.op]
-                if not is_view(op) or not all_physical(acc, cu.tensors + cu.via, trees):
-                    continue
-                out.update(t for t in op.outputs if set(g.tensors[t].consumers) <= ops)
-        return out
+        return {t for t, kernel, tensors in self.region_view_candidates(acc)
+                if impl.get(kernel) == INDUCTOR and all_physical(acc, tensors, trees)}
 
     def record_error(self, u: Unit, e: BaseException) -> str:
         """Count an exception raised while costing unit ``u`` (``stats.errors``) and keep its first lines."""

@@ -281,7 +281,8 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
     # -- memory ---------------------------------------------------------------------------------------------
     cap_var = None
     if obj.needs_memory:
-        cap_var = _memory_model(m, acc, trees, maps_of, wvar)
+        cap_var = _memory_model(m, acc, trees, maps_of, wvar, _region_view_lits(m, oracle, acc, impl_vars,
+                                                                                maps_of, wvar))
         if obj.memory_cap is not None:
             m.add(cap_var + acc.const_bytes <= int(obj.memory_cap))
     lat_bound = sum(abs(c) for c, _ in lat_terms) + abs(const_ps)
@@ -580,11 +581,33 @@ def _copy_writable(acc, u, keys) -> bool:
     return True
 
 
-def _memory_model(m, acc, trees, maps_of, wvar):
+def _region_view_lits(m, oracle, acc, impl_vars, maps_of, wvar) -> dict[str, Any]:
+    """Tensor -> a literal that may be true only when the tensor is a view in an Inductor kernel's region
+    (``CostOracle.region_view_candidates``): that kernel's Inductor ``p`` and the view's tensors physical.  The
+    memory model leaves such a tensor out, so minimising memory sets the literal wherever it is allowed."""
+    out: dict[str, Any] = {}
+    for t, kernel, tensors in oracle.region_view_candidates(acc):
+        p = impl_vars.get(kernel, {}).get(INDUCTOR)
+        if p is None:   # one implementation only: Inductor's, or the view is a buffer
+            if tuple(oracle.unit_implementations(acc, acc.kernel_unit(kernel))) != (INDUCTOR,):
+                continue
+            p = 1
+        lits = [p] + [wvar[x, acc.key_of(x, PHYS)] if acc.key_of(x, PHYS) in maps_of(x) else 1 for x in tensors]
+        r = m.new_bool_var(f"region_view_{t}")
+        for lit in lits:
+            if not isinstance(lit, int):
+                m.add_implication(r, lit)
+        out[t] = r
+    return out
+
+
+def _memory_model(m, acc, trees, maps_of, wvar, region_views=None):
     """Cumulative over storage lifetimes; returns the capacity variable (peak minus constant storages).
 
-    A storage no candidate map lands in is left out (never allocated), as the evaluator counts it.
+    A storage no candidate map lands in is left out (never allocated), as the evaluator counts it, and so is a
+    view in an Inductor kernel's region (``region_views``: tensor -> literal, :func:`_region_view_lits`).
     """
+    region_views = region_views or {}
     horizon = acc.n_steps + 2
     intervals, demands = [], []
     lands: dict[str, list[tuple[Any, int, int]]] = defaultdict(list)   # storage -> (lit, start, end)
@@ -603,13 +626,20 @@ def _memory_model(m, acc, trees, maps_of, wvar):
             # no candidate map of any tensor lands in this storage (its tensors' maps all resolve elsewhere):
             # it is never allocated, as in Accounting.peak_bytes, so it takes no room (min() of nothing before)
             continue
+        rv = region_views.get(s)
         if s not in acc.nodes:
             lo = min(a for _, a, _ in ls)
             hi = max(b for _, _, b in ls)
-            intervals.append(m.new_interval_var(lo, hi + 1 - lo, hi + 1, ""))
+            intervals.append(m.new_interval_var(lo, hi + 1 - lo, hi + 1, "") if rv is None else
+                             m.new_optional_interval_var(lo, hi + 1 - lo, hi + 1, ~rv, ""))
             demands.append(size)
             continue
         present = wvar[s, acc.key_of(s, PHYS)]
+        if rv is not None:   # allocated when physical and not a view in a region
+            allocated = m.new_bool_var("")
+            m.add(allocated + rv >= present)
+            m.add_implication(allocated, present)
+            present = allocated
         st = m.new_int_var(0, horizon, "")
         en = m.new_int_var(0, horizon, "")
         for lit, a, b in ls:

@@ -712,6 +712,41 @@ def test_a_weight_view_read_by_inductor_in_its_region_is_not_allocated():
     assert o.region_views(acc, {}, template.impl) == set() and o.evaluate(template).peak_bytes == everything
 
 
+def test_ilp_memory_model_leaves_out_region_views():
+    """The ILP's memory model knows the same.  Where the weight's transpose cannot be virtual, a mix objective
+    that prices memory high gives the GEMM to Inductor, a little slower here, which reads the transpose as a
+    view in its region: no buffer.  (Counting the view as a buffer, the ILP kept the template and the buffer.)"""
+    from cost_models import Objective
+    from cost_models.accounting import PHYS
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(1024, 512))     # 2 MiB: the transpose dominates the peak
+
+        def forward(self, x):
+            return torch.relu(x @ self.w.t())
+
+    g = capture(M(), (torch.randn(4, 512),))
+    v = build_vtog(g)
+    mm = next(k for k, grp in g.groups.items() if grp.kind == "matmul")
+
+    class Dearer(AnalyticalOracle):
+        """Inductor's GEMM dearer than the template: only the memory its region view saves pays."""
+
+        def measure(self, spec):
+            c = super().measure(spec)
+            return replace(c, seconds=c.seconds + 1e-5) if spec.unit.kernel == mm and spec.impl == im.INDUCTOR else c
+
+    o = Dearer(Hardware.preset("H200"), implementations=("inductor", "triton"), objective=Objective.mix(1.0))
+    acc = o.accounting(v)
+    everything = acc.peak_bytes({t: acc.map_of(t, PHYS).targets() for t in g.tensors})
+    acc.option_bad.update(acc.options_of["t"])   # as if the transpose could not be virtual
+    res = get_solver("ilp")(v, o, warm_start=False)
+    assert res.strategy.impl.get(mm) == im.INDUCTOR and not res.strategy.virtual, res.strategy
+    assert res.peak_bytes == everything - g.tensors["t"].nbytes
+
+
 def test_a_small_kernel_does_not_absorb_a_large_copy_next_to_it():
     """A copy joins Inductor's code only in a kernel that loops over at least as many elements as it writes: a
     few new keys written next to a KV cache fuse their own rows, and the cache's copy stays a copy kernel of its
