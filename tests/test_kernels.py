@@ -855,6 +855,32 @@ def test_gpu_llama_decode_attention_from_cache(batch):
 
 
 @gpu
+@pytest.mark.parametrize("splits", [8, 33, 66])
+def test_gpu_fused_split_attention_under_concurrency(splits):
+    """The fused combine on the GPU, where a group's programs really race for its semaphore: each of several
+    CUDA-graph replays (the semaphores must be back at zero after each) equals the separate combine kernel."""
+    HQ, HKV, S, D = 32, 8, 4097, 128
+    k, v, kr, vr, _ = kv_ops("cache_expand", 2, HQ, HKV, S, D, dtype=torch.bfloat16, device="cuda")
+    q, qr, out = q_out_ops(2, HQ, 1, D, dtype=torch.bfloat16, device="cuda")
+    kvl = torch.tensor([S - 5], device="cuda")
+    cfg = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, "splits": splits}
+    o = next(iter(out.tensors.values()))
+    attention(q, k, v, out, kv_len=kvl, config=cfg)
+    want = o.clone()
+    o.fill_(float("nan"))
+    plan, = attention(q, k, v, out, kv_len=kvl, config=dict(cfg, fused=True))   # built and recorded outside
+    args = plan.take_args()          # what an executable replays: its own semaphores, zeroed once, here
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(args)
+    for _ in range(5):
+        o.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(o, want, rtol=2e-2, atol=2e-2)
+
+
+@gpu
 def test_gpu_llama_prefill_attention_causal():
     B, HQ, HKV, S, D = 1, 32, 8, 512, 128
     k, v, kr, vr, _ = kv_ops("cache_expand", B, HQ, HKV, S, D, dtype=torch.bfloat16, device="cuda")
