@@ -2,7 +2,8 @@
 # What runs on the H200 (one call of at most 10 minutes each): the GPU tests, then runner configs.
 #   bash experiments/h200.sh tests|CONFIG [OUT]      (CONFIG: a configs/*.yaml stem, run by python -m vtcsearch.run)
 #   bash experiments/h200.sh pieces OUT "CONFIG|RUNNER ARGS" ...   (several --append runs in one call;
-#                                                                     a piece "pytest|PYTEST ARGS" runs GPU tests)
+#                                                                     a piece "pytest|PYTEST ARGS" runs GPU tests;
+#                                                                     KERNEL_SRC="kernel names" returns their source)
 # The machine has no network: OR-Tools and Optuna (with protobuf, immutabledict, sqlalchemy, greenlet, alembic,
 # mako, colorlog) travel as cp312 manylinux wheels in .whl/, fetched beforehand with `pip download --no-deps`;
 # onnxruntime-gpu (the onnxruntime baseline) is over a call's size limit and travels in parts, one per earlier
@@ -44,6 +45,13 @@ case "${1:-tests}" in
       echo "rc $? at ${SECONDS}s: $piece"
       grep -E "^   (vtc_|compile|eager|handwritten)|numerics vs|Error" "$OUT/$cfg.log" | tail -8
       tar czf "$OUT/$cfg.tgz" "$RES"
+    done
+    # KERNEL_SRC="name ...": the generated source of those kernels (Inductor's, or vtcsearch's templates, by the
+    # names profile.csv gives) comes back too, to see why one runs off its floor
+    for k in ${KERNEL_SRC:-}; do
+      mkdir -p "$OUT/kernel_src"
+      grep -rl --include=*.py "def $k(" out/inductor-cache out/vtc-kernels 2>/dev/null | head -3 | \
+        while read -r f; do cp "$f" "$OUT/kernel_src/${k}__$(basename "$f")"; done
     done ;;
   *)       # a runner config, exactly as a user types it: bash experiments/h200.sh llama|vision_blocks|yolo11|...
            # RUNNER_ARGS are passed on (e.g. "--batch 16 --append" to run a config in pieces of < 10 minutes);
