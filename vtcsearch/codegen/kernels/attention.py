@@ -202,25 +202,26 @@ def _splits(n_prog: int, skv: int, block_n: int, sq: int, gpu: bool) -> int:
 def _fused_merge(splits: int, n_mblk: int, out_store: list[str]) -> list[str]:
     """The end of a fused split-KV program: count in on the group's semaphore; the last to arrive merges every
     split's partial result (read from L2, past L1) and stores through the output map, then resets the count.
-    The barrier orders all of the program's partial stores before the (acq_rel, GPU-scope) count."""
+    The barrier orders all of the program's partial stores before the (acq_rel, GPU-scope) count.  The splits'
+    maxima and sums are read as one tile and weighed at once, so the loop over the partial outputs only
+    accumulates: its loads do not wait on each other's results."""
     return ["tl.debug_barrier()",
             f"count = tl.atomic_add(sem_ptr + pid_bh * {n_mblk} + pid_m, 1)",
             f"if count == {splits - 1}:",
-            "    m_t = tl.full((ROWS,), -float('inf'), tl.float32)",
-            "    l_t = tl.zeros((ROWS,), tl.float32)",
+            f"    sp = tl.arange(0, {next_pow2(splits)})",
+            f"    sp_ok = row_ok[:, None] & (sp[None, :] < {splits})",
+            "    m_s = tl.load(ws_m + wbase[:, None] + sp[None, :], mask=sp_ok, other=-float('inf'),"
+            " cache_modifier='.cg')",
+            "    l_s = tl.load(ws_l + wbase[:, None] + sp[None, :], mask=sp_ok, other=0.0, cache_modifier='.cg')",
+            "    m_t = tl.max(m_s, 1)",
+            "    w_s = tl.exp(m_s - tl.where(m_t == -float('inf'), 0.0, m_t)[:, None]) * l_s",
+            "    l_t = tl.sum(w_s, 1)",
             "    o_t = tl.zeros((ROWS, BLOCK_DV), tl.float32)",
             f"    for j in range(0, {splits}):",
-            "        m_j = tl.load(ws_m + wbase + j, mask=row_ok, other=-float('inf'), cache_modifier='.cg')",
-            "        l_j = tl.load(ws_l + wbase + j, mask=row_ok, other=0.0, cache_modifier='.cg')",
+            "        w_j = tl.sum(tl.where(sp[None, :] == j, w_s, 0.0), 1)",
             "        o_j = tl.load(ws_o + (wbase + j)[:, None] * BLOCK_DV + dv[None, :], mask=row_ok[:, None],",
             "                      other=0.0, cache_modifier='.cg')",
-            "        m_n = tl.maximum(m_t, m_j)",
-            "        m_u = tl.where(m_n == -float('inf'), 0.0, m_n)",
-            "        a_t = tl.exp(m_t - m_u)",
-            "        w_j = tl.exp(m_j - m_u) * l_j",
-            "        o_t = o_t * a_t[:, None] + o_j * w_j[:, None]",
-            "        l_t = l_t * a_t + w_j",
-            "        m_t = m_n",
+            "        o_t += o_j * w_j[:, None]",
             "    o = o_t / tl.where(l_t == 0.0, 1.0, l_t)[:, None]",
             *("    " + line for line in out_store),
             f"    tl.store(sem_ptr + pid_bh * {n_mblk} + pid_m, 0)"]
