@@ -39,6 +39,7 @@ class Move:
     units: dict[int, tuple[tuple[str, ...], float]] = field(default_factory=dict)  # unit -> (keys, seconds)
     latency: float = 0.0
     impls: dict[int, str] = field(default_factory=dict)                   # kernel unit -> implementation
+    inlined: dict[str, float] = field(default_factory=dict)   # pointwise kernel -> Inductor's inlining saving
     cycle: bool = False
     _objective: float | None = None
     _peak: int | None = None
@@ -67,7 +68,15 @@ class SearchState:
             sec, im = self._cost(u, keys) if oracle.objective.needs_latency else (0.0, "triton")
             self.seconds.append(sec)
             self.impl_of[u.id] = im
-        self.latency = math.fsum(self.seconds)
+        # Inductor's region fusions (CostOracle.region_fusions_taken), kept per inlined kernel: a move re-prices
+        # those whose kernels change implementation or whose tensors between them change trees
+        self._fusions_by: dict[str, list] = {}
+        for f in acc.region_fusions:
+            for key in {f.kernel, f.into, *f.via}:
+                self._fusions_by.setdefault(key, []).append(f)
+        self.inlined: dict[str, float] = {} if not oracle.objective.needs_latency else {
+            k: saved for k, (_, saved) in oracle.region_fusions_taken(acc, self.trees, self.implementations()).items()}
+        self.latency = math.fsum(self.seconds) - math.fsum(self.inlined.values())
         self._peak: int | None = None
         self._written = acc.compute_written()
         self._sensitive = _sensitive_storages(acc)
@@ -168,8 +177,35 @@ class SearchState:
             mv.units[uid] = (keys, sec)
             mv.impls[uid] = im
             delta += sec - self.seconds[uid]
+        if need_lat and self._fusions_by:
+            mv.inlined = self._inlined_after(affected, new, mv.impls)
+            delta -= math.fsum(mv.inlined.values()) - math.fsum(self.inlined.get(k, 0.0) for k in mv.inlined)
         mv.latency = self.latency + delta
         return mv
+
+    def _inlined_after(self, affected: set[str], trees: Mapping[str, int], impls: Mapping[int, str]
+                       ) -> dict[str, float]:
+        """The inlining saving, after a move, of every pointwise kernel with a region fusion the move touches: its
+        kernels' implementations (``impls``, unit -> implementation) or the trees of the tensors between them."""
+        from vtcsearch.core.implementation import INDUCTOR
+        acc = self.acc
+        changed = set(affected) | {acc.units[uid].kernel for uid, im in impls.items() if im != self.impl_of[uid]}
+        kernels = {f.kernel for key in changed for f in self._fusions_by.get(key, ())}
+
+        def impl(kernel: str) -> str:
+            uid = acc.kernel_unit(kernel).id
+            return impls.get(uid, self.impl_of[uid])
+
+        out: dict[str, float] = {}
+        for k in kernels:
+            best = 0.0
+            for f in self._fusions_by.get(k, ()):
+                if f.kernel != k or impl(f.kernel) != INDUCTOR or impl(f.into) != INDUCTOR:
+                    continue
+                if all(acc.key_of(x, trees.get(x, self.tree(x))) == acc.key_of(x, PHYS) for x in f.via):
+                    best = max(best, self.oracle.region_fusion_saving(acc, f))
+            out[k] = best
+        return out
 
     def objective_of(self, mv: Move) -> float:
         if mv._objective is None:
@@ -212,7 +248,8 @@ class SearchState:
             self.keys[uid] = keys
             self.seconds[uid] = sec
         self.impl_of.update(mv.impls)
-        self.latency = math.fsum(self.seconds)
+        self.inlined.update({k: v for k, v in mv.inlined.items()})
+        self.latency = math.fsum(self.seconds) - math.fsum(self.inlined.values())
         self._peak = mv._peak
 
     # -- validity -----------------------------------------------------------------

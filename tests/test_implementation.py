@@ -685,6 +685,46 @@ def test_inductor_inlines_a_pointwise_kernel_into_the_generated_kernel_next_to_i
     assert get_solver("none")(v, d).strategy.impl.get(pw) == im.INDUCTOR   # next to Inductor's reduction
 
 
+def test_greedy_state_sees_inductor_region_fusions():
+    """Greedy's incremental state prices Inductor's inlining as evaluation does: after every move of a walk over
+    the options (a view between the reduction and the pointwise kernel: virtual, it breaks the fusion), its
+    latency is the evaluated one, and the greedy search's own objective too."""
+    from cost_models.state import SearchState
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x):
+            h = x @ self.w
+            s = h.sum(-1, keepdim=True).transpose(0, 1).reshape(1, 1)   # view ops between the two kernels
+            return torch.tanh(s * h) * 3.0 + h
+
+    g = capture(M(), (torch.randn(1, 64),))
+    v = build_vtog(g)
+    o = AnalyticalOracle(Hardware.preset("H200"), implementations=("inductor", "triton"))
+    acc = o.accounting(v)
+    assert any(len(f.via) > 1 for f in acc.region_fusions), acc.region_fusions
+    state = SearchState(o, v)
+    assert state.inlined and state.latency == pytest.approx(o.evaluate(state.strategy()).latency_s, rel=1e-9)
+    rng = random.Random(0)
+    opts = [op.id for op in v.options if op.id not in acc.option_bad]
+    seen_break = False
+    for _ in range(40):
+        op = rng.choice(opts)
+        t = acc.option_tensor[op]
+        mv = state.propose(t, None if state.choice.get(t) == op else op)
+        if mv.cycle or state.check(mv) is not None:
+            continue
+        state.apply(mv)
+        seen_break |= not all(state.inlined.values())
+        assert state.latency == pytest.approx(o.evaluate(state.strategy()).latency_s, rel=1e-9)
+    assert seen_break        # some move made a view virtual and cost the fusion
+    res = get_solver("greedy")(v, o)
+    assert res.objective == pytest.approx(o.evaluate(res.strategy).objective, rel=1e-9)
+
+
 def test_a_weight_view_read_by_inductor_in_its_region_is_not_allocated():
     """A weight's transpose (over the fold limit) that Inductor's GEMM reads is a view in its region, not a
     buffer: the memory model leaves it out (it had predicted Gemma 2 9B's LM head transpose, 1.8 GB, for a pick
