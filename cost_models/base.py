@@ -284,13 +284,14 @@ class CostOracle:
             return 0.0
         return min(c.seconds, self.launch_seconds() + self.traffic_seconds(2 * f.nbytes))
 
-    def region_fusions_taken(self, acc: Accounting, trees: Mapping[str, int], impl: Mapping[str, str]
-                             ) -> dict[str, tuple[str, float]]:
+    def region_fusions_taken(self, acc: Accounting, trees: Mapping[str, int], impl: Mapping[str, str],
+                             fusions: Iterable[RegionFusion] | None = None) -> dict[str, tuple[str, float]]:
         """kernel -> (the kernel Inductor inlines it into, seconds saved) under a strategy: both kernels run as
-        Inductor's code and the tensors between them are physical; the larger saving where there are two."""
+        Inductor's code and the tensors between them are physical; the larger saving where there are two.
+        ``fusions``: only these (default: all of ``acc.region_fusions``)."""
         from vtcsearch.core.implementation import INDUCTOR
         out: dict[str, tuple[str, float]] = {}
-        for f in acc.region_fusions:
+        for f in acc.region_fusions if fusions is None else fusions:
             if impl.get(f.kernel) != INDUCTOR or impl.get(f.into) != INDUCTOR or \
                     not all_physical(acc, f.via, trees):
                 continue

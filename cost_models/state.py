@@ -18,6 +18,7 @@ final answer with the core.
 from __future__ import annotations
 
 import math
+from collections import ChainMap
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
@@ -187,25 +188,17 @@ class SearchState:
                        ) -> dict[str, float]:
         """The inlining saving, after a move, of every pointwise kernel with a region fusion the move touches: its
         kernels' implementations (``impls``, unit -> implementation) or the trees of the tensors between them."""
-        from vtcsearch.core.implementation import INDUCTOR
         acc = self.acc
         changed = set(affected) | {acc.units[uid].kernel for uid, im in impls.items() if im != self.impl_of[uid]}
         kernels = {f.kernel for key in changed for f in self._fusions_by.get(key, ())}
-
-        def impl(kernel: str) -> str:
-            uid = acc.kernel_unit(kernel).id
-            return impls.get(uid, self.impl_of[uid])
-
-        out: dict[str, float] = {}
-        for k in kernels:
-            best = 0.0
-            for f in self._fusions_by.get(k, ()):
-                if f.kernel != k or impl(f.kernel) != INDUCTOR or impl(f.into) != INDUCTOR:
-                    continue
-                if all(acc.key_of(x, trees.get(x, self.tree(x))) == acc.key_of(x, PHYS) for x in f.via):
-                    best = max(best, self.oracle.region_fusion_saving(acc, f))
-            out[k] = best
-        return out
+        fusions = [f for k in kernels for f in self._fusions_by[k] if f.kernel == k]
+        impl = {}
+        for f in fusions:
+            for k in (f.kernel, f.into):
+                uid = acc.kernel_unit(k).id
+                impl[k] = impls.get(uid, self.impl_of[uid])
+        taken = self.oracle.region_fusions_taken(acc, ChainMap(trees, self.trees), impl, fusions)
+        return {k: taken[k][1] if k in taken else 0.0 for k in kernels}
 
     def objective_of(self, mv: Move) -> float:
         if mv._objective is None:
@@ -248,7 +241,7 @@ class SearchState:
             self.keys[uid] = keys
             self.seconds[uid] = sec
         self.impl_of.update(mv.impls)
-        self.inlined.update({k: v for k, v in mv.inlined.items()})
+        self.inlined.update(mv.inlined)
         self.latency = math.fsum(self.seconds) - math.fsum(self.inlined.values())
         self._peak = mv._peak
 

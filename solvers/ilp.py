@@ -447,15 +447,21 @@ def _fusion_terms(m, oracle, acc, unit, p_inductor, maps_of, wvar, lat_terms) ->
             continue
         f = m.new_bool_var("")
         m.add_implication(f, p_inductor)
-        for t in cu.tensors + cu.via:
-            k = acc.key_of(t, PHYS)
-            lit = wvar[t, k] if k in maps_of(t) else 0   # 1: a tensor no option can make virtual
-            if isinstance(lit, int):
-                if not lit:
-                    m.add(f == 0)
-            else:
-                m.add_implication(f, lit)
+        _implies_physical(m, f, acc, cu.tensors + cu.via, maps_of, wvar)
         lat_terms.append((-ps, f))
+
+
+def _implies_physical(m, lit, acc, tensors, maps_of, wvar) -> None:
+    """``lit`` only where every one of ``tensors`` is physical (its physical map's indicator: the constant 1 for a
+    tensor no option can make virtual; none, so ``lit`` is false, for one that is never physical)."""
+    for t in tensors:
+        k = acc.key_of(t, PHYS)
+        w = wvar[t, k] if k in maps_of(t) else 0
+        if isinstance(w, int):
+            if not w:
+                m.add(lit == 0)
+        else:
+            m.add_implication(lit, w)
 
 
 def _region_fusion_terms(m, oracle, acc, impl_vars, maps_of, wvar, lat_terms) -> None:
@@ -472,14 +478,7 @@ def _region_fusion_terms(m, oracle, acc, impl_vars, maps_of, wvar, lat_terms) ->
         r = m.new_bool_var("")
         m.add_implication(r, p_u)
         m.add_implication(r, p_v)
-        for t in f.via:
-            k = acc.key_of(t, PHYS)
-            lit = wvar[t, k] if k in maps_of(t) else 0   # 0: a tensor that is never physical
-            if isinstance(lit, int):
-                if not lit:
-                    m.add(r == 0)
-            else:
-                m.add_implication(r, lit)
+        _implies_physical(m, r, acc, f.via, maps_of, wvar)
         by_kernel[f.kernel].append(r)
         lat_terms.append((-ps, r))
     for rs in by_kernel.values():
@@ -592,11 +591,10 @@ def _region_view_lits(m, oracle, acc, impl_vars, maps_of, wvar) -> dict[str, Any
             if tuple(oracle.unit_implementations(acc, acc.kernel_unit(kernel))) != (INDUCTOR,):
                 continue
             p = 1
-        lits = [p] + [wvar[x, acc.key_of(x, PHYS)] if acc.key_of(x, PHYS) in maps_of(x) else 1 for x in tensors]
         r = m.new_bool_var(f"region_view_{t}")
-        for lit in lits:
-            if not isinstance(lit, int):
-                m.add_implication(r, lit)
+        if not isinstance(p, int):
+            m.add_implication(r, p)
+        _implies_physical(m, r, acc, tensors, maps_of, wvar)
         out[t] = r
     return out
 
