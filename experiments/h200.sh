@@ -51,7 +51,10 @@ case "${1:-tests}" in
     for k in ${KERNEL_SRC:-}; do
       mkdir -p "$OUT/kernel_src"
       grep -rl --include=*.py "def $k(" out/inductor-cache out/vtc-kernels 2>/dev/null | head -3 | \
-        while read -r f; do cp "$f" "$OUT/kernel_src/${k}__$(basename "$f")"; done
+        while read -r f; do cp "$f" "$OUT/kernel_src/${k}__$(basename "$f")"
+          # the configuration Inductor's autotuner kept for it (a .best_config beside the kernel's file)
+          for b in "${f%.py}".best_config; do [ -f "$b" ] && cp "$b" "$OUT/kernel_src/${k}__$(basename "$b")"; done
+        done
     done ;;
   *)       # a runner config, exactly as a user types it: bash experiments/h200.sh llama|vision_blocks|yolo11|...
            # RUNNER_ARGS are passed on (e.g. "--batch 16 --append" to run a config in pieces of < 10 minutes);
