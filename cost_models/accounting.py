@@ -413,6 +413,20 @@ def _grid_env(region, syms: Iterable[Sym]) -> dict[str, Any]:
     return env
 
 
+def count_distinct(vals: np.ndarray) -> int:
+    """How many distinct values an integer array holds (``np.unique(vals).size``): by counting when they
+    span little (linear, where np.unique sorts), else by sorting.  np.unique's first call imports numpy.ma,
+    ~10 ms inside whichever query comes first."""
+    v = np.asarray(vals).ravel()
+    if v.size <= 1:
+        return int(v.size)
+    lo, hi = int(v.min()), int(v.max())
+    if hi - lo < 4 * v.size + 1024:
+        return int(np.count_nonzero(np.bincount(v - lo)))
+    v = np.sort(v)
+    return int(np.count_nonzero(v[1:] != v[:-1])) + 1
+
+
 _UNSET = object()   # a memo miss (None is a valid memoized answer)
 
 
@@ -609,7 +623,7 @@ class TrafficModel:
                 mask &= (v >= lo) & (v < hi)
             vals = np.broadcast_to(np.asarray(evaluate(_for_eval(off, ranges), env)), mask.shape)[mask]
             count = int(mask.sum())
-            distinct = int(np.unique(vals).size)
+            distinct = count_distinct(vals)
         else:
             frac = self._cond_fraction(p) if p.conds else 1.0
             count = int(round(n * frac))
@@ -691,7 +705,7 @@ class TrafficModel:
                 env = {v: g for v, g in zip(vars_, grids)}
                 env.update({s.name: s.lo for s in e.syms()})
                 vals = np.broadcast_to(np.asarray(evaluate(e, env)), [hi - lo for lo, hi in sub])
-                total *= int(np.unique(vals).size)
+                total *= count_distinct(vals)
             elif e.is_affine():
                 total *= math.prod(ext[v] for v in vars_ if e.coef(Var(v)) != 0)
             else:
@@ -923,7 +937,7 @@ class Accounting:
         self._tree_size: dict[int, int] = {}
         self._map: dict[tuple[str, int], IndexMap] = {}
         self._key: dict[tuple[str, int], str] = {}
-        self._copies: dict[tuple[int, tuple[str, ...]], list | None] = {}
+        self._copies: dict[str, dict[tuple[str, ...], list | None]] = {}   # unit name -> keys -> copies
         self._movement_sig: dict[str, tuple] = {}
         self._option_ok: dict[int, bool] = {}
         self._map_sigs: dict[tuple[str, str], tuple] = {}
@@ -1234,9 +1248,11 @@ class Accounting:
         movement maps and the unit's maps only, so they are computed once per :meth:`copy_signature`
         (the same copy in another layer is renamed, not recomputed).
         """
-        ck = (u.name, keys)
-        if ck in self._copies:
-            return self._copies[ck]
+        memo = self._copies.get(u.name)   # one dict per unit, as CostOracle.unit_cost's memo (no big rehash)
+        if memo is None:
+            memo = self._copies[u.name] = {}
+        if keys in memo:
+            return memo[keys]
         choice = self.realize(u.tensors, keys)
         got: list[tuple[tuple[int, ...], list[tuple[Piece, Piece]]]] | None = None
         if choice is not None and self.structure_ok(choice):
@@ -1250,7 +1266,7 @@ class Accounting:
                     (d, [(_retarget(a, ids), _retarget(b, ids)) for a, b in pairs]) for d, pairs in got]
             elif canon is not None:
                 got = [(d, [(_retarget(a, names), _retarget(b, names)) for a, b in pairs]) for d, pairs in canon]
-        self._copies[ck] = got
+        memo[keys] = got
         return got
 
     def structure_ok(self, choice: Mapping[str, int]) -> bool:

@@ -183,11 +183,16 @@ class CostOracle:
     def unit_cost(self, acc: Accounting, u: Unit, keys: tuple[str, ...], impl: str = "triton") -> UnitCost:
         """Cost of unit ``u`` when its tensors have the maps named by ``keys`` (memoized); a kernel unit
         run by implementation ``impl``."""
-        memo = self._costs.get(acc)
+        by_unit = self._costs.get(acc)
+        if by_unit is None:
+            by_unit = self._costs[acc] = {}
+        # by name (a decomposed search's parts renumber their units), one dict per unit: one dict over a whole
+        # model's queries rehashes its ~10^5 entries inside whichever query crosses its next size
+        memo = by_unit.get(u.name)
         if memo is None:
-            memo = self._costs[acc] = {}
-        ck = (u.name, keys) if impl == "triton" else (u.name, keys, impl)   # by name: a decomposed search's
-        c = memo.get(ck)                                                     # parts renumber their units
+            memo = by_unit[u.name] = {}
+        ck = keys if impl == "triton" else (keys, impl)
+        c = memo.get(ck)
         if c is None and u.fuses:
             memo[ck] = c = self._fused_cost(acc, u, keys, impl)
         if c is None:

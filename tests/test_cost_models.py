@@ -617,6 +617,20 @@ def test_prepare_dedups_and_precompiles_in_parallel(tmp_path):
     assert o.stats.measurements == len(keys) and o.prepare(v, workers=2, **caps)["to_measure"] == 0
 
 
+def test_count_distinct_equals_np_unique():
+    """The traffic model's distinct count (counting over a small span, else sorting) is np.unique's."""
+    import numpy as np
+    from cost_models.accounting import count_distinct
+    rng = np.random.default_rng(0)
+    cases = [np.empty(0, dtype=np.int64), np.array([7]), np.zeros((3, 4), dtype=np.int64)]
+    for n in (2, 17, 500, 5000):
+        for span in (1, 3, n, 10 * n, 1 << 40):
+            cases.append(rng.integers(-span, span, n))
+    cases.append(np.broadcast_to(np.arange(6), (4, 6)))
+    for v in cases:
+        assert count_distinct(v) == np.unique(v).size, v
+
+
 def _random_piece_map(draw):
     from hypothesis import strategies as st
     from vtcsearch.core.expr import sym

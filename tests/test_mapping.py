@@ -247,3 +247,23 @@ def test_pieces_and_expressions_unpickled_in_another_process_hash_as_built_there
     e = var("i0") * 2 + var("i1") // 3
     p = Piece("x", ((0, 4), (0, 6)), (e,), ((var("i1") % 2, 0, 1),))
     assert {e: 1}[e2] == 1 and {p: 1}[p2] == 1
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_bounds_and_simplify_memos_answer_as_cold(data):
+    """bounds' memo of div/mod atoms is keyed by the ranges of their variables, and simplify's memo of a
+    fixpoint is that fixpoint: warm answers under other ranges equal those computed from cleared memos."""
+    from vtcsearch.core.expr import bounds
+    from vtcsearch.core.mapping import clear_memos
+    i0, i1 = var("i0"), var("i1")
+    e = i0 * data.draw(st.integers(1, 30)) + i1 + data.draw(st.integers(0, 5))
+    for _ in range(data.draw(st.integers(1, 3))):      # nested, as a chain of shuffles composes them
+        d = data.draw(st.integers(2, 12))
+        e = (e // d) * data.draw(st.integers(1, 9)) + e % d + i1
+    rangess = [{"i0": (0, data.draw(st.integers(0, 20))), "i1": (0, data.draw(st.integers(0, 20)))}
+               for _ in range(2)]
+    warm = [(bounds(e, r), simplify(e, r), simplify(simplify(e, r, True), r, True)) for r in rangess]
+    for r, got in zip(rangess, warm):
+        clear_memos()
+        assert got == (bounds(e, r), simplify(e, r), simplify(e, r, True))

@@ -85,13 +85,19 @@ class Lookup(Atom):
         return f"{self.table}[{', '.join(map(repr, self.index))}]"
 
 
+def _term_key(t: tuple[Atom, int]) -> str:
+    return t[0].key()
+
+
 class Expr:
     """``const + sum(coef * atom)``; immutable and hashable."""
 
-    __slots__ = ("terms", "const", "_hash", "_fv", "_repr", "_lk", "_sy")
+    __slots__ = ("terms", "const", "_hash", "_fv", "_sv", "_repr", "_lk", "_sy")
 
     def __init__(self, terms: Mapping[Atom, int] | None = None, const: int = 0):
-        items = sorted(((a, c) for a, c in (terms or {}).items() if c != 0), key=lambda t: t[0].key())
+        items = [(a, c) for a, c in terms.items() if c != 0] if terms else []
+        if len(items) > 1:   # most expressions built are one atom or a constant: no sort
+            items.sort(key=_term_key)
         self.terms: tuple[tuple[Atom, int], ...] = tuple(items)
         self.const = int(const)
         self._hash = hash((self.terms, self.const))
@@ -99,6 +105,7 @@ class Expr:
         self._repr: str | None = None
         self._lk: frozenset[Lookup] | None = None
         self._sy: frozenset[Sym] | None = None
+        self._sv: tuple[str, ...] | None = None
 
     # -- construction -------------------------------------------------------
     @staticmethod
@@ -200,6 +207,13 @@ class Expr:
                         out |= e.free_var_set()
             fv = self._fv = frozenset(out)
         return fv
+
+    def sorted_vars(self) -> tuple[str, ...]:
+        """:meth:`free_var_set` sorted (cached: a memo key of ranges)."""
+        sv = self._sv
+        if sv is None:
+            sv = self._sv = tuple(sorted(self.free_var_set()))
+        return sv
 
     def is_affine(self) -> bool:
         """Linear in index variables and runtime scalars (no div/mod/lookup)."""
@@ -361,17 +375,34 @@ def atom_bounds(a: Atom, ranges: Ranges) -> tuple[int, int]:
         return ranges[a.name]
     if isinstance(a, (Sym, Lookup)):
         return a.lo, a.hi
-    if isinstance(a, FloorDiv):
-        lo, hi = bounds(a.arg, ranges)
-        return lo // a.div, hi // a.div
-    if isinstance(a, Mod):
-        lo, hi = bounds(a.arg, ranges)
-        if 0 <= lo and hi < a.div:
-            return lo, hi
-        if lo // a.div == hi // a.div:  # no wrap-around inside the interval
-            return lo % a.div, hi % a.div
-        return 0, a.div - 1
+    if isinstance(a, (FloorDiv, Mod)):
+        # memoized per atom and the ranges of its variables: composed maps nest the same div/mod atoms many
+        # times (a chain of channel shuffles), and walking them again is exponential in the depth
+        try:
+            key = (a, tuple(tuple(ranges[v]) for v in a.arg.sorted_vars()))
+        except KeyError:    # a variable without a range: the walk says which
+            return _divmod_bounds(a, ranges)
+        hit = _BOUNDS.get(key)
+        if hit is None:
+            if len(_BOUNDS) > 1 << 20:   # a bound on memory
+                _BOUNDS.clear()
+            hit = _BOUNDS[key] = _divmod_bounds(a, ranges)
+        return hit
     raise TypeError(a)
+
+
+_BOUNDS: dict = {}   # (div/mod atom, ranges of its variables) -> atom_bounds
+
+
+def _divmod_bounds(a: FloorDiv | Mod, ranges: Ranges) -> tuple[int, int]:
+    lo, hi = bounds(a.arg, ranges)
+    if isinstance(a, FloorDiv):
+        return lo // a.div, hi // a.div
+    if 0 <= lo and hi < a.div:
+        return lo, hi
+    if lo // a.div == hi // a.div:  # no wrap-around inside the interval
+        return lo % a.div, hi % a.div
+    return 0, a.div - 1
 
 
 def simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> Expr:
@@ -391,26 +422,32 @@ def simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> Expr:
     hit = _SIMPLIFIED.get(key)
     if hit is not None:
         return hit
-    out = _simplify(e, ranges, divisors)
+    out, fixed = _simplify(e, ranges, divisors)
     if len(_SIMPLIFIED) > 1 << 20:   # a bound on memory; solvers on big graphs ask for many
         _SIMPLIFIED.clear()
     _SIMPLIFIED[key] = out
+    if fixed and out is not e:
+        # a fixpoint simplifies to itself: the next round's atoms (simplified arguments, asked again by
+        # _simplify's convergence check and by callers that simplify a simplified form) hit the memo
+        ofv = out.free_var_set()
+        _SIMPLIFIED[(out, tuple(r for r in key[1] if r[0] in ofv), divisors)] = out
     return out
 
 
 _SIMPLIFIED: dict = {}
 
 
-def _simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> Expr:
+def _simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> tuple[Expr, bool]:
+    """(the simplified form, whether it is a fixpoint of the rewrite rounds)."""
     prev = None
     cur = e
     for _ in range(8):
         if cur == prev:
-            break
+            return cur, True
         prev = cur
         cur = cur.map_atoms(lambda a: _simplify_atom(a, ranges, divisors))
         cur = _merge_divmod(cur)
-    return cur
+    return cur, cur == prev
 
 
 def _simplify_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
