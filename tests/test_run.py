@@ -476,6 +476,32 @@ def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is not run._interrupt      # the handler is the runner's only
 
 
+def test_a_stopped_append_run_keeps_the_earlier_rows_it_did_not_measure(tmp_path, monkeypatch):
+    """An --append piece stopped before it measured a case leaves that case's earlier rows in the folder (a
+    cut GPU piece dropped Llama 3 8B decode bs 1's measured rows)."""
+    import os
+    import signal
+
+    import vtcsearch.run as run
+    out = tmp_path / "o"
+    args = [str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]
+    assert main(args) == 0
+    before = json.loads((out / "summary.json").read_text())["rows"]
+    assert before
+    real = run.solve_all
+
+    def solve_then_stop(ctx, vtog, what):
+        out = real(ctx, vtog, what)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return out
+    monkeypatch.setattr(run, "solve_all", solve_then_stop)
+    assert main([*args, "--append"]) == 124
+    s = json.loads((out / "summary.json").read_text())
+    assert any("stopped during the search" in n for n in s["notes"])
+    key = lambda r: (r["case"], r["batch"], r["variant"], r["latency_us"])   # noqa: E731
+    assert sorted(map(key, s["rows"])) == sorted(map(key, before))
+
+
 def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
     """What a stopped GPU case measured is written like a finished case; unmeasured variants are left out."""
     import vtcsearch.run as run

@@ -1111,8 +1111,15 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                 write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
                 continue
         except RunInterrupted:   # told to stop (a timeout): keep what this case measured, then stop
+            kept = {r["variant"] for r in measured_rows(ctx)}
+            # what this run would have redone but did not measure: the folder's earlier rows of it stay
+            if earlier is not None:
+                earlier.restore(summary, kernel_rows, (case_label(params, cfg.workload.name), b),
+                                variants_of(cfg) - kept)
             if ctx.partial is not None:
                 keep_measured(ctx, summary, kernel_rows, append, log, time.perf_counter() - t_start)
+            else:
+                write_summary(out, summary, kernel_rows, log, time.perf_counter() - t_start)
             raise
         for o in [ctx.oracle, *ctx.oracles.values()]:
             o.note_errors(ctx.notes)       # exceptions inside the oracle: counted, reported (issue 11)
@@ -1135,12 +1142,20 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise RunInterrupted(f"signal {signum}")
 
 
+def measured_rows(ctx: RunContext) -> list[dict[str, Any]]:
+    """The rows of the case in progress that were measured on the GPU (none before its benchmark)."""
+    if ctx.partial is None or not ctx.measured:
+        return []
+    return [r for r in ctx.partial[1] if r.get("measured_latency_us") is not None]
+
+
 def keep_measured(ctx: RunContext, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], append: bool,
                   log: Log, wall_s: float) -> None:
     """Write the variants of the case in progress that were measured before the run was stopped, as a finished
-    case's are; the others are dropped (an appended folder keeps its earlier rows of them), with a note."""
+    case's are; the others are dropped (an appended run has put the folder's earlier rows of them back), with a
+    note."""
     case, rows, strategy_files = ctx.partial
-    kept = [r for r in rows if r.get("measured_latency_us") is not None] if ctx.measured else []
+    kept = measured_rows(ctx)
     dropped = sorted({r["variant"] for r in rows} - {r["variant"] for r in kept})
     ctx.notes.append(f"the run was stopped during the {ctx.stage} of {case['case']} bs{case['batch']}: "
                      f"{len(kept)} measured variant(s) kept" + (f", {', '.join(dropped)} not measured" if dropped
