@@ -654,6 +654,18 @@ def test_atomic_writer_replaces_or_leaves_the_old_file(tmp_path):
     assert json.loads(path.read_text()) == {"x": 1} and [p.name for p in tmp_path.iterdir()] == ["summary.json"]
 
 
+
+def test_json_records_hold_the_data_one_record_per_line(tmp_path):
+    """A VTOG's JSON: the same data back, each list item on a line of its own (empty lists and scalars too)."""
+    from vtcsearch.atomic import write_json_records
+    data = {"nodes": [{"name": "a", "shape": [1, 2]}, {"name": "b", "shape": []}], "conflicts": [],
+            "written_by": {"command": "x"}, "n": 3}
+    path = tmp_path / "v.json"
+    write_json_records(path, data)
+    lines = path.read_text().splitlines()
+    assert json.loads(path.read_text()) == data
+    assert '{"name":"a","shape":[1,2]},' in lines and '{"name":"b","shape":[]}' in lines
+
 # ---------------------------------------------------------------------------
 # one timer, one machine()
 # ---------------------------------------------------------------------------

@@ -44,3 +44,14 @@ def write_text(path: str | Path, text: str) -> None:
 def write_json(path: str | Path, data: Any, **kwargs: Any) -> None:
     """``json.dumps(data, **kwargs)`` written to ``path`` atomically."""
     write_text(path, json.dumps(data, **kwargs))
+
+
+def write_json_records(path: str | Path, data: dict[str, Any]) -> None:
+    """``data`` (a dict of lists, as a VTOG's JSON) written atomically with one list item per line: half the
+    bytes of ``indent=1`` and a tenth of its lines (a whole model's VTOG: 2.7 -> 1.3 MB), still one record per
+    line in a diff."""
+    def value(v: Any) -> str:
+        if not isinstance(v, list) or not v:
+            return json.dumps(v, separators=(",", ":"))
+        return "[\n" + ",\n".join(json.dumps(x, separators=(",", ":")) for x in v) + "\n]"
+    write_text(path, "{\n" + ",\n".join(f"{json.dumps(k)}: {value(v)}" for k, v in data.items()) + "\n}\n")

@@ -643,7 +643,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     log(f"   {w.name}: {gs['kernels']} kernels, {gs['movement_ops']} movement ops; VTOG {vs['nodes']} nodes, "
         f"{vs['edges']} edges, {vs['candidates']} candidates (capture {t_capture:.1f} s)")
     (ctx.out / "vtog").mkdir(exist_ok=True)
-    atomic.write_json(ctx.out / "vtog" / f"{fid}.json", {**vtog.to_json(), "written_by": ctx.run}, indent=1)
+    atomic.write_json_records(ctx.out / "vtog" / f"{fid}.json", {**vtog.to_json(), "written_by": ctx.run})
     case = {"case": label, "batch": batch, "id": fid, "workload": w.name, "description": w.description,
             "params": {**full_params, "size": cfg.workload.size}, "dtype": cfg.dtype,
             "graph": {k: gs[k] for k in ("tensors", "ops", "movement_ops", "compute_ops", "kernels",
