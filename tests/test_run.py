@@ -456,8 +456,8 @@ def test_a_failing_case_is_reported_not_fatal(tmp_path, monkeypatch):
     assert "case failed" in (out / "report.md").read_text()
 
 
-def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
-    """SIGTERM (a timeout) during a case: exit 124, the folder written, a note saying where it stopped."""
+def _stop_after_the_search(monkeypatch) -> None:
+    """The runner receives SIGTERM (as ``timeout`` sends it) once its first search has finished."""
     import os
     import signal
 
@@ -469,6 +469,14 @@ def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
         os.kill(os.getpid(), signal.SIGTERM)
         return out
     monkeypatch.setattr(run, "solve_all", solve_then_stop)
+
+
+def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
+    """SIGTERM (a timeout) during a case: exit 124, the folder written, a note saying where it stopped."""
+    import signal
+
+    import vtcsearch.run as run
+    _stop_after_the_search(monkeypatch)
     out = tmp_path / "o"
     assert main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]) == 124
     s = json.loads((out / "summary.json").read_text())
@@ -479,22 +487,12 @@ def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
 def test_a_stopped_append_run_keeps_the_earlier_rows_it_did_not_measure(tmp_path, monkeypatch):
     """An --append piece stopped before it measured a case leaves that case's earlier rows in the folder (a
     cut GPU piece dropped Llama 3 8B decode bs 1's measured rows)."""
-    import os
-    import signal
-
-    import vtcsearch.run as run
     out = tmp_path / "o"
     args = [str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]
     assert main(args) == 0
     before = json.loads((out / "summary.json").read_text())["rows"]
     assert before
-    real = run.solve_all
-
-    def solve_then_stop(ctx, vtog, what):
-        out = real(ctx, vtog, what)
-        os.kill(os.getpid(), signal.SIGTERM)
-        return out
-    monkeypatch.setattr(run, "solve_all", solve_then_stop)
+    _stop_after_the_search(monkeypatch)
     assert main([*args, "--append"]) == 124
     s = json.loads((out / "summary.json").read_text())
     assert any("stopped during the search" in n for n in s["notes"])
