@@ -491,13 +491,16 @@ def test_a_stopped_append_run_keeps_the_earlier_rows_it_did_not_measure(tmp_path
     args = [str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]
     assert main(args) == 0
     before = json.loads((out / "summary.json").read_text())["rows"]
-    assert before
+    vtogs = {p.name: p.read_bytes() for p in (out / "vtog").glob("*.json")}
+    assert before and vtogs
     _stop_after_the_search(monkeypatch)
     assert main([*args, "--append"]) == 124
     s = json.loads((out / "summary.json").read_text())
     assert any("stopped during the search" in n for n in s["notes"])
     key = lambda r: (r["case"], r["batch"], r["variant"], r["latency_us"])   # noqa: E731
     assert sorted(map(key, s["rows"])) == sorted(map(key, before))
+    # and the VTOG those rows' strategies index, not the stopped run's capture (its own command and date)
+    assert {p.name: p.read_bytes() for p in (out / "vtog").glob("*.json")} == vtogs
 
 
 def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):

@@ -55,3 +55,9 @@ def write_json_records(path: str | Path, data: dict[str, Any]) -> None:
             return json.dumps(v, separators=(",", ":"))
         return "[\n" + ",\n".join(json.dumps(x, separators=(",", ":")) for x in v) + "\n]"
     write_text(path, "{\n" + ",\n".join(f"{json.dumps(k)}: {value(v)}" for k, v in data.items()) + "\n}\n")
+
+
+def write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(data)

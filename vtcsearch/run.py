@@ -1319,6 +1319,7 @@ class Earlier:
     path: Path                       # its summary.json
     summary: dict[str, Any]
     kernels: list[dict[str, Any]]    # its kernels.csv
+    vtogs: dict[str, bytes] = dataclasses.field(default_factory=dict)   # vtog/*.json, which its strategies index
 
     @classmethod
     def read(cls, out: Path) -> "Earlier | None":
@@ -1328,14 +1329,15 @@ class Earlier:
         if not path.exists():
             return None
         old = read_summary(path)
+        vtogs = {p.name: p.read_bytes() for p in sorted((out / "vtog").glob("*.json"))}
         kpath = out / "kernels.csv"
         if not kpath.exists() or kpath.stat().st_size == 0:
-            return cls(path, old, [])
+            return cls(path, old, [], vtogs)
         try:
             kdf = pd.read_csv(kpath)
         except (OSError, ValueError) as e:       # pandas' parser errors are ValueErrors
             raise OutputError(f"--append: {kpath} is unreadable or corrupt ({first_line(e)})") from None
-        return cls(path, old, kdf.to_dict("records"))
+        return cls(path, old, kdf.to_dict("records"), vtogs)
 
     def restore(self, summary: dict[str, Any], kernel_rows: list[dict[str, Any]], key: tuple[str, int],
                 redo: set[str]) -> bool:
@@ -1355,6 +1357,10 @@ class Earlier:
         for k in ("steps", "conv_layers", "profile"):
             summary[k] += [r for r in old.get(k, []) if mine(r)]
         kernel_rows += [r for r in self.kernels if mine(r)]
+        # the case's VTOG as the restored strategies index it (this run may have written its own capture's)
+        name = f"{file_id(*key)}.json"
+        if name in self.vtogs:
+            atomic.write_bytes(self.path.parent / "vtog" / name, self.vtogs[name])
         return True
 
 
