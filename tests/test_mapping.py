@@ -107,6 +107,45 @@ def test_compiled_evaluation_equals_the_interpreter(seed, length):
             assert np.array_equal(np.asarray(evaluate(e, env)), np.asarray(interpret(e, env))), e
 
 
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_compiled_nested_div_mod_equals_the_interpreter(data):
+    """The generated code and the interpreter compute each distinct div/mod atom and argument once, and the
+    code drops ``0 +`` / ``1 *`` inside arguments: on random nested div/mod expressions sharing
+    sub-expressions (as composed shuffles do), over random integer grids with negative values, both give the
+    integers and the type of a plain walk of the tree, and so does ``evaluate`` (interpreted, then compiled)."""
+    import numpy as np
+    from vtcsearch.core.expr import FloorDiv, Var, Sym, _compiled, evaluate, interpret
+
+    def walk(e, env):
+        out = e.const
+        for a, c in e.terms:
+            v = env[a.name] if isinstance(a, (Var, Sym)) else \
+                walk(a.arg, env) // a.div if isinstance(a, FloorDiv) else walk(a.arg, env) % a.div
+            out = out + c * v
+        return out
+
+    pool = [var("i0"), var("i1"), sym("s", -5, 5), Expr(const=data.draw(st.integers(-9, 9)))]
+    for _ in range(data.draw(st.integers(1, 10))):
+        a, b = data.draw(st.sampled_from(pool)), data.draw(st.sampled_from(pool))
+        e = a * data.draw(st.integers(-4, 4)) + b * data.draw(st.sampled_from([1, 1, 2, -3]))
+        op = data.draw(st.sampled_from(["//", "%", "+"]))
+        d = data.draw(st.integers(1, 13))
+        pool.append(e // d if op == "//" else e % d if op == "%" else e + data.draw(st.integers(-3, 3)))
+    e = sum(pool[-3:], Expr()) + pool[-1] * data.draw(st.integers(-2, 2))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    env = {"i0": rng.integers(-50, 50, (data.draw(st.integers(1, 7)), 1)), "i1": rng.integers(-50, 50, 5),
+           "s": int(rng.integers(-5, 6))}
+    scalars = {k: int(np.ravel(v)[0]) for k, v in env.items()}    # Python ints stay Python ints
+    f = _compiled(e)
+    assert f is not None
+    for en in (env, scalars):
+        want = walk(e, en)
+        for got in (f(en), interpret(e, en), evaluate(e, en), evaluate(e, en)):
+            assert type(got) is type(want) and np.asarray(got).dtype == np.asarray(want).dtype, e
+            assert np.array_equal(np.asarray(got), np.asarray(want)), e
+
+
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_simplify_keeps_the_value_of_div_and_mod(data):
@@ -252,8 +291,9 @@ def test_pieces_and_expressions_unpickled_in_another_process_hash_as_built_there
 @settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_bounds_and_simplify_memos_answer_as_cold(data):
-    """bounds' memo of div/mod atoms is keyed by the ranges of their variables, and simplify's memo of a
-    fixpoint is that fixpoint: warm answers under other ranges equal those computed from cleared memos."""
+    """bounds' and simplify's memos of div/mod atoms are keyed by the ranges of their variables, and simplify's
+    memo of a fixpoint is that fixpoint: warm answers under other ranges equal those computed from cleared
+    memos."""
     from vtcsearch.core.expr import bounds
     from vtcsearch.core.mapping import clear_memos
     i0, i1 = var("i0"), var("i1")

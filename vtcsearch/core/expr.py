@@ -257,7 +257,10 @@ class Expr:
     def __eq__(self, other) -> bool:
         if isinstance(other, (int, np.integer)):
             return self.is_const() and self.const == other
-        return isinstance(other, Expr) and self.terms == other.terms and self.const == other.const
+        # the hash first: memo lookups and fixpoint checks compare deep, shared expressions, and two that
+        # differ nearly always hash apart (equal ones hash alike: the hash is of the compared fields)
+        return other is self or (isinstance(other, Expr) and self._hash == other._hash
+                                 and self.terms == other.terms and self.const == other.const)
 
     def __hash__(self) -> int:
         return self._hash
@@ -417,8 +420,7 @@ def simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> Expr:
     ``0 <= r < c`` (:func:`_split_divisor`), for the questions asked of an index (which variables it depends on,
     what it costs).  Maps keep the form without it: their text keys the committed measurements.
     """
-    fv = e.free_var_set()
-    key = (e, tuple(sorted((k, tuple(v)) for k, v in ranges.items() if k in fv)), divisors)
+    key = (e, tuple((k, tuple(ranges[k])) for k in e.sorted_vars() if k in ranges), divisors)
     hit = _SIMPLIFIED.get(key)
     if hit is not None:
         return hit
@@ -451,6 +453,27 @@ def _simplify(e: Expr, ranges: Ranges, divisors: bool = False) -> tuple[Expr, bo
 
 
 def _simplify_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
+    """One rewrite of ``a``; a div/mod is memoized per atom and the ranges of its variables (all it reads):
+    the fixpoint rounds of :func:`_simplify` and the maps of one channel-shuffle chain rewrite the same
+    atoms again and again, and each rewrite builds several expressions."""
+    if not isinstance(a, (FloorDiv, Mod)):
+        return _rewrite_atom(a, ranges, divisors)
+    try:
+        key = (a, tuple(tuple(ranges[v]) for v in a.arg.sorted_vars()), divisors)
+    except KeyError:    # a variable without a range: the rewrite says which
+        return _rewrite_atom(a, ranges, divisors)
+    hit = _ATOMS.get(key)
+    if hit is None:
+        if len(_ATOMS) > 1 << 20:   # a bound on memory
+            _ATOMS.clear()
+        hit = _ATOMS[key] = _rewrite_atom(a, ranges, divisors)
+    return hit
+
+
+_ATOMS: dict = {}   # (div/mod atom, ranges of its variables, divisors) -> _simplify_atom
+
+
+def _rewrite_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
     if isinstance(a, Var) and a.name in ranges and ranges[a.name][0] == ranges[a.name][1]:
         return Expr(const=ranges[a.name][0])        # a dimension of extent one: a constant
     if isinstance(a, (FloorDiv, Mod)):
@@ -533,10 +556,19 @@ def evaluate(e: Expr, env: Mapping[str, np.ndarray | int],
              tables: Mapping[str, np.ndarray] | None = None) -> np.ndarray | int:
     """Evaluate on (broadcastable) integer arrays; ``env`` holds vars and syms by name.
 
-    An expression without index tensors runs as Python code generated once per expression
-    (:func:`_compiled`, the same operators in the same order as the interpreter below): the cost model
-    evaluates the same predicates and offsets over thousands of sample points, query after query."""
-    f = _compiled(e)
+    An expression without index tensors evaluated again runs as Python code generated once per expression
+    (:func:`_compiled`, the same integers as the interpreter below, each distinct div/mod once): the cost
+    model evaluates the same predicates and offsets over thousands of sample points, query after query.
+    Its first evaluation is interpreted: generating and compiling the code of a predicate nested by a chain
+    of channel shuffles costs several interpreted runs, and most are asked once."""
+    f = _COMPILED.get(e, _UNCOMPILED)
+    if f is _UNCOMPILED:
+        if e not in _INTERPRETED:
+            if len(_INTERPRETED) > 1 << 16:   # a bound on memory
+                _INTERPRETED.clear()
+            _INTERPRETED.add(e)
+            return interpret(e, env, tables)
+        f = _compiled(e)
     if f is not None:
         try:
             return f(env)
@@ -547,13 +579,20 @@ def evaluate(e: Expr, env: Mapping[str, np.ndarray | int],
 
 def interpret(e: Expr, env: Mapping[str, np.ndarray | int],
               tables: Mapping[str, np.ndarray] | None = None) -> np.ndarray | int:
-    """:func:`evaluate` by walking the expression (index tensors included)."""
+    """:func:`evaluate` by walking the expression (index tensors included), each distinct div/mod atom and
+    argument of one once (composed shuffles nest the same ones many times over)."""
+    return _interpret(e, env, tables or {}, {})
+
+
+def _interpret(e: Expr, env, tables, done: dict) -> np.ndarray | int:
+    """``done``: the values of the div/mod atoms and arguments already evaluated over ``env``."""
     out = e.const
     for a, c in e.terms:
-        out = out + c * _eval_atom(a, env, tables or {})
+        out = out + c * _eval_atom(a, env, tables, done)
     return out
 
 
+_INTERPRETED: set[Expr] = set()                # evaluated once: the next evaluation compiles
 _COMPILED: dict[Expr, Callable | None] = {}   # None: interpreted (index tensors, or too deep to compile)
 _UNCOMPILED = object()                         # not yet in _COMPILED
 
@@ -566,7 +605,9 @@ def _compiled(e: Expr) -> Callable | None:
     f = None
     if not e.has_lookup():
         try:
-            f = eval(f"lambda env: {_source(e)}", {})   # noqa: S307 (our own arithmetic, no input text)
+            ns: dict = {}
+            exec(_source(e), ns)   # noqa: S102 (our own arithmetic, no input text)
+            f = ns["f"]
         except (RecursionError, MemoryError, SyntaxError):   # too deeply nested to compile: interpreted
             f = None
     if len(_COMPILED) > 1 << 16:
@@ -576,31 +617,61 @@ def _compiled(e: Expr) -> Callable | None:
 
 
 def _source(e: Expr) -> str:
-    out = repr(e.const)
-    for a, c in e.terms:
+    """``def f(env)`` computing ``e`` (the code :func:`_compiled` runs): one local per distinct div/mod atom
+    and per distinct argument of one, then ``e``'s sum as the interpreter forms it.  A map composed through a
+    chain of channel shuffles nests the same atoms many times over; here each costs its array operations
+    once.  An argument's sum drops the interpreter's ``0 +`` and ``1 *`` (the same integers: it only feeds a
+    ``//`` or ``%``, never returned, so no caller gets an ``env`` array itself)."""
+    lines: list[str] = []
+    names: dict[Atom | Expr, str] = {}
+
+    def total(x: Expr, bare: bool) -> str:
+        out = None if bare and x.const == 0 and x.terms else repr(x.const)
+        for a, c in x.terms:
+            term = atom(a) if bare and c == 1 else f"{c} * {atom(a)}"
+            out = term if out is None else f"({out} + {term})"
+        return out
+
+    def local(key: Atom | Expr, code: Callable[[], str]) -> str:
+        name = names.get(key)
+        if name is None:
+            text = code()
+            name = names[key] = f"t{len(names)}"
+            lines.append(f"    {name} = {text}\n")
+        return name
+
+    def atom(a: Atom) -> str:
         if isinstance(a, (Var, Sym)):
-            code = f"env[{a.name!r}]"
-        elif isinstance(a, FloorDiv):
-            code = f"({_source(a.arg)} // {a.div})"
-        elif isinstance(a, Mod):
-            code = f"({_source(a.arg)} % {a.div})"
-        else:
+            return f"env[{a.name!r}]"
+        if not isinstance(a, (FloorDiv, Mod)):
             raise TypeError(a)
-        out = f"({out} + {c} * {code})"
-    return out
+        op = "//" if isinstance(a, FloorDiv) else "%"
+        return local(a, lambda: f"{argument(a.arg)} {op} {a.div}")
+
+    def argument(x: Expr) -> str:
+        if x.const == 0 and len(x.terms) == 1 and x.terms[0][1] == 1:
+            return atom(x.terms[0][0])
+        return local(x, lambda: total(x, True))
+
+    ret = total(e, False)
+    return "def f(env):\n" + "".join(lines) + f"    return {ret}\n"
 
 
-def _eval_atom(a: Atom, env, tables):
+def _eval_atom(a: Atom, env, tables, done: dict):
     # written with Python operators so it runs on NumPy arrays and on torch tensors alike
     if isinstance(a, (Var, Sym)):
         if a.name not in env:
             kind = "index variable" if isinstance(a, Var) else "runtime scalar"
             raise KeyError(f"no value for {kind} {a.name!r}")
         return env[a.name]
-    if isinstance(a, FloorDiv):
-        return interpret(a.arg, env, tables) // a.div
-    if isinstance(a, Mod):
-        return interpret(a.arg, env, tables) % a.div
+    if isinstance(a, (FloorDiv, Mod)):
+        v = done.get(a)
+        if v is None:
+            x = done.get(a.arg)
+            if x is None:
+                x = done[a.arg] = _interpret(a.arg, env, tables, done)
+            v = done[a] = x // a.div if isinstance(a, FloorDiv) else x % a.div
+        return v
     if isinstance(a, Lookup):
         if a.table not in tables:
             raise KeyError(f"no index tensor {a.table!r} for an indirect map")

@@ -520,8 +520,9 @@ def register_memo(memo: dict) -> dict:
 
 def clear_memos() -> None:
     """Forget the process-wide memos of maps and expressions (timings from a cold start; tests)."""
-    from .expr import _BOUNDS, _SIMPLIFIED
+    from .expr import _ATOMS, _BOUNDS, _SIMPLIFIED
     _SIMPLIFIED.clear()
+    _ATOMS.clear()
     _BOUNDS.clear()
     _NORMALIZED.clear()
     _COMPOSED.clear()
