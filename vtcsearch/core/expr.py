@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -379,22 +379,29 @@ def atom_bounds(a: Atom, ranges: Ranges) -> tuple[int, int]:
     if isinstance(a, (Sym, Lookup)):
         return a.lo, a.hi
     if isinstance(a, (FloorDiv, Mod)):
-        # memoized per atom and the ranges of its variables: composed maps nest the same div/mod atoms many
-        # times (a chain of channel shuffles), and walking them again is exponential in the depth
-        try:
-            key = (a, tuple(tuple(ranges[v]) for v in a.arg.sorted_vars()))
-        except KeyError:    # a variable without a range: the walk says which
-            return _divmod_bounds(a, ranges)
-        hit = _BOUNDS.get(key)
-        if hit is None:
-            if len(_BOUNDS) > 1 << 20:   # a bound on memory
-                _BOUNDS.clear()
-            hit = _BOUNDS[key] = _divmod_bounds(a, ranges)
-        return hit
+        # memoized: composed maps nest the same div/mod atoms many times (a chain of channel shuffles), and
+        # walking them again is exponential in the depth
+        return _by_ranges(_BOUNDS, a, ranges, (), lambda: _divmod_bounds(a, ranges))
     raise TypeError(a)
 
 
 _BOUNDS: dict = {}   # (div/mod atom, ranges of its variables) -> atom_bounds
+
+
+def _by_ranges(memo: dict, a: FloorDiv | Mod, ranges: Ranges, extra: tuple, compute: Callable[[], Any]) -> Any:
+    """``compute()``, memoized in ``memo`` per div/mod atom ``a``, the ranges of its variables (all that an
+    answer about ``a`` reads) and ``extra``; not memoized where a variable has no range (``compute`` says
+    which)."""
+    try:
+        key = (a, tuple(tuple(ranges[v]) for v in a.arg.sorted_vars()), *extra)
+    except KeyError:
+        return compute()
+    hit = memo.get(key)
+    if hit is None:
+        if len(memo) > 1 << 20:   # a bound on memory
+            memo.clear()
+        hit = memo[key] = compute()
+    return hit
 
 
 def _divmod_bounds(a: FloorDiv | Mod, ranges: Ranges) -> tuple[int, int]:
@@ -458,16 +465,7 @@ def _simplify_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
     atoms again and again, and each rewrite builds several expressions."""
     if not isinstance(a, (FloorDiv, Mod)):
         return _rewrite_atom(a, ranges, divisors)
-    try:
-        key = (a, tuple(tuple(ranges[v]) for v in a.arg.sorted_vars()), divisors)
-    except KeyError:    # a variable without a range: the rewrite says which
-        return _rewrite_atom(a, ranges, divisors)
-    hit = _ATOMS.get(key)
-    if hit is None:
-        if len(_ATOMS) > 1 << 20:   # a bound on memory
-            _ATOMS.clear()
-        hit = _ATOMS[key] = _rewrite_atom(a, ranges, divisors)
-    return hit
+    return _by_ranges(_ATOMS, a, ranges, (divisors,), lambda: _rewrite_atom(a, ranges, divisors))
 
 
 _ATOMS: dict = {}   # (div/mod atom, ranges of its variables, divisors) -> _simplify_atom
