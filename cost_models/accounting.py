@@ -33,7 +33,7 @@ import math
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Container, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -964,6 +964,9 @@ class Accounting:
             if info.is_output:
                 end = self.n_steps
             self.span[t] = (start, max(start, end))
+        for t in self.constants:   # what a step folded at build makes is held for good (memory.plan keeps it)
+            if not g.tensors[t].is_graph_input:
+                self.span[t] = (-1, self.n_steps)
         self.const_bytes = sum(i.nbytes for t, i in g.tensors.items() if i.is_graph_input and i.storage_name == t)
         self.intermediate = {t for t, i in g.tensors.items() if not i.is_graph_input and i.storage_name == t}
 
@@ -979,11 +982,14 @@ class Accounting:
         # TensorGraph.kernels() is O(ops) per call (and kernel_io calls it twice): compute once
         self.kernel_ops = g.kernels()
         self.kernel_io = {k: kernel_io(g, ops) for k, ops in self.kernel_ops.items()}
-        for k in self.kernel_ops:
+        self.constants = const = constant_tensors(g)
+        # kernels over constants run once at build (a resize's index arithmetic): no unit, nothing per call
+        self.folded_kernels = {k for k in self.kernel_ops if folded(g, k, const)}
+        live = {k: ops for k, ops in self.kernel_ops.items() if k not in self.folded_kernels}
+        for k in live:
             ins, outs = self.kernel_io[k]
             ts = tuple(dict.fromkeys(list(ins) + list(outs)))
             units.append(Unit(len(units), "kernel", k, ts, kernel=k))
-        const = constant_tensors(g)
         for op in g.movement_ops():
             if folded(g, op.name, const):
                 continue    # folded at build (or read as a view by an Inductor region): no copy per call
@@ -1002,8 +1008,8 @@ class Accounting:
                     units.append(Unit(len(units), "copy", f"{op.name}[{j}<-fill]", (op.outputs[j],),
                                       op=op.name, out=j))
         if self.fuse:
-            units = fuse_copies(g, self.kernel_ops, units)
-        fusions = region_fusions(g, self.kernel_ops) if self.fuse else []
+            units = fuse_copies(g, live, units)
+        fusions = region_fusions(g, live) if self.fuse else []
         if getattr(self.vtog, "parent", None) is not None:
             # a part of a larger VTOG (solvers.decompose.sub_vtog): only the units whose maps its options can
             # change; every other unit's cost is the same under every strategy of the part (a constant the
@@ -1507,12 +1513,13 @@ def matrix_vector(g: TensorGraph, op: str) -> bool:
     return a[-2] == 1 or b[-1] == 1
 
 
-def _next_to(g: TensorGraph, unscheduled: bool) -> Callable[[str, str], bool]:
-    """Whether two steps can share an Inductor region: no other kernel group runs between them in the schedule
-    (realization's regions are runs of consecutive steps); ``unscheduled``: the answer for a step that is not
-    in the schedule (a graph built by hand)."""
+def _next_to(g: TensorGraph, kernels: Container[str], unscheduled: bool) -> Callable[[str, str], bool]:
+    """Whether two steps can share an Inductor region: none of ``kernels`` (the groups that run per call; one
+    folded at build does not cut a region) runs between them in the schedule (realization's regions are runs
+    of consecutive steps); ``unscheduled``: the answer for a step that is not in the schedule (a graph built
+    by hand)."""
     pos = {st: k for k, st in enumerate(g.steps)}
-    groups_before = np.cumsum([0] + [st in g.groups for st in g.steps])
+    groups_before = np.cumsum([0] + [st in kernels for st in g.steps])
 
     def next_to(a: str, b: str) -> bool:
         if a not in pos or b not in pos:
@@ -1535,7 +1542,7 @@ def region_fusions(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]]) -> l
     that disappears, never the last one of a region."""
     from vtcsearch.core.fusion import ELEMENTWISE
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
-    adjacent = _next_to(g, unscheduled=False)
+    adjacent = _next_to(g, kernel_ops, unscheduled=False)
 
     def generated(k: str) -> bool:
         return all(g.ops[o].category in ("pointwise", "reduction") or matrix_vector(g, o)
@@ -1597,7 +1604,7 @@ def fuse_copies(g: TensorGraph, kernel_ops: Mapping[str, Sequence[str]], units: 
     owner = {o: k for k, ops in kernel_ops.items() for o in ops}
     # a copy joins a kernel's region only if no other kernel group (maybe a template, which cuts the region) runs
     # between them; in a graph without a schedule (built by hand) every kernel is next to it
-    next_to = _next_to(g, unscheduled=True)
+    next_to = _next_to(g, kernel_ops, unscheduled=True)
 
     def generated(op: str) -> bool:
         """Whether Inductor runs kernel op ``op`` as generated code (not an extern call)."""

@@ -95,6 +95,58 @@ def test_only_small_constants_fold_a_big_weight_is_read_in_place():
     assert virtual.allocated_bytes <= physical.allocated_bytes - model.big.nbytes
 
 
+def test_kernels_over_constants_fold_at_build_and_cost_nothing_per_call():
+    """A bilinear resize computes its gather indices from ``arange`` (``mul``, ``floor``, ``clamp``, ...): kernels
+    over constants only.  They run once at build, as a compiler folds constants (EfficientViT's 24 resizes had
+    116 such kernels, each priced as a launch per call); random numbers never fold.  Every strategy's
+    realization equals eager, as built and on later calls with new inputs."""
+    import torch.nn as nn
+    from cost_models import AnalyticalOracle
+    from vtcsearch.codegen.inductor import region_ops, regions
+    from vtcsearch.core.graph import folded, kernel_io
+
+    class M(nn.Module):
+        def forward(self, x):   # a 2x resize as its decomposition reads: gathers at indices made from arange
+            y = (x * 3).relu()  # opens an Inductor region before the index arithmetic runs
+            h, w = x.shape[-2:]
+            iy = ((torch.arange(2 * h) + 0.5) / 2 - 0.5).clamp(min=0).floor().long().clamp(max=h - 1)
+            ix = ((torch.arange(2 * w) + 0.5) / 2 - 0.5).clamp(min=0).floor().long().clamp(max=w - 1)
+            return y[:, :, iy[:, None], ix] * 2, x.sum() + torch.rand(3)
+
+    torch.manual_seed(0)
+    model, x = M().eval(), torch.randn(1, 4, 6, 8)
+    g = capture(model, (x,))
+    v = build_vtog(g)
+    const = constant_tensors(g)
+    folds = [k for k in g.kernels() if folded(g, k, const)]
+    targets = {g.ops[o].target_name for k in folds for o in g.kernels()[k]}
+    assert "arange.start_step" in targets and "clamp.default" in targets, targets
+    assert not any("rand" in g.ops[o].target_name for k in folds for o in g.kernels()[k])
+    acc = AnalyticalOracle("H200", implementations=("triton", "inductor")).accounting(v)
+    assert acc.folded_kernels == set(folds)
+    assert not {u.kernel for u in acc.units if u.kind == "kernel"} & set(folds)
+
+    made_by_folds = {t for k in folds for o in g.kernels()[k] for t in g.ops[o].outputs}
+    for strategy in (Strategy(v, set()), maximal(v)):
+        for impl in ({}, {k: "inductor" for k in g.groups}):
+            s = Strategy(v, strategy.edges, impl).validate()
+            # realization builds the runs in order, running each once: a folded kernel runs before any run that
+            # reads what it makes (an open Inductor region would otherwise read its indices unwritten)
+            made: set[str] = set()
+            for run in regions(g, s, g.steps, const):
+                reads = set(kernel_io(g, region_ops(g, run))[0])
+                assert not (reads & made_by_folds) - made, run
+                made |= {t for o in region_ops(g, run) for t in g.ops[o].outputs}
+            exe = realize(g, s, model)
+            assert set(folds) <= set(exe.folded)
+            assert not {st.name for st in exe.steps} & set(folds)
+            for seed in (1, 2):
+                torch.manual_seed(seed)
+                x = torch.randn_like(x)
+                got, want = exe(x)[0], model(x)[0]
+                assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (impl, (got - want).abs().max())
+
+
 @pytest.mark.parametrize("which", ["none", "random", "maximal"])
 def test_reuse_is_bit_identical_and_smaller(layer, which):
     w, g, v = layer

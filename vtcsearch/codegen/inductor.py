@@ -306,9 +306,9 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     of an ``aten.copy``, such as a view of a KV cache, is not read: the copy's value is its source's).  A later
     group then reads its result from the region, not through the storage, and the region writes whatever
     storage its result maps into where a later step reads it (:func:`region_io`).  A movement op over
-    ``constants`` only (a weight's transpose) runs once, folded at build, and does not cut a region; a view of
-    constants whose one reader is an inductor group joins that group's region instead
-    (:func:`_view_for_inductor`).
+    ``constants`` only (a weight's transpose), or a kernel group over constants only (a resize's index
+    arithmetic), runs once, folded at build, and does not cut a region; a view of constants whose one reader is
+    an inductor group joins that group's region instead (:func:`_view_for_inductor`).
 
     A copying movement op may also open a region (a later group then fuses it; a region that no group joins
     goes back to copy kernels), and a copying *writeback* (a mutated buffer's new value, stored back) joins
@@ -333,11 +333,13 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
                 region.append(name)
                 values |= set(graph.ops[name].outputs)
             continue
-        if gr is None and folded(graph, name, constants):
-            if _view_for_inductor(graph, strategy, name):
+        if folded(graph, name, constants):
+            if gr is None and _view_for_inductor(graph, strategy, name):
                 pending.append(name)                   # joins its consumer's region (below)
             else:
-                out.append([name])                     # folded once at build: no step at run time
+                # folded once at build: no step at run time.  It reads only constants, so it goes before the open
+                # region, which may read what it makes: realization builds (runs) the runs in this order
+                out.insert(out.index(region) if region is not None else len(out), [name])
             continue
         ops = gr.ops if gr is not None else [name]
         ins, produced = kernel_io(graph, ops)

@@ -15,8 +15,9 @@ graph's steps (:mod:`vtcsearch.core.fusion`) become launches:
   physical tensors between them compiled as one region
   (:mod:`vtcsearch.codegen.inductor`);
 * a movement op -> the copy kernels of its residual copies (none when the
-  strategy eliminated it).  A movement op of constants only (a weight's
-  transpose) is folded: copied once here, as a compiler folds constants.
+  strategy eliminated it).  A movement op or kernel group of constants only
+  (a weight's transpose, a resize's index arithmetic) is folded: run once
+  here, as a compiler folds constants.
 
 Building launches every kernel once (that is when Triton compiles and
 autotunes); the module's mutable buffers are restored afterwards, so building
@@ -235,30 +236,31 @@ class Executable:
         g, s = self.graph, self.strategy
         name = run[0]
         if any(is_region_step(g, s, st) for st in run):   # compiled (and run once) as a region
-            self.steps.append(Step(name, "kernel", lower_inductor(ctx, run)))
-            return
-        if name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
+            step = Step(name, "kernel", lower_inductor(ctx, run))
+        elif name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
             launch = lower_as(ctx, g.groups[name], s.implementation(name))
             if launch.fn is not None:
                 # templates ran once when lowered; an ATen fallback must too, or a later kernel reads its
                 # output unwritten (int64 scratch read as gather indices crashes the process)
                 launch.fn()
-            self.steps.append(Step(name, "kernel", launch))
-            return
-        op = g.ops[name]
-        copies = s.residuals_of(name)
-        if not copies:
-            return
-        launch = Launch(name, "copy")
-        for r in copies:
-            tensors = {p.target: self.storage(p.target) for pair in r.pairs for p in pair if p.target}
-            plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
-            if plan is not None:
-                launch.plans.append((plan, plan.take_args()))
-        if folded(g, name, const):
-            self.folded.append(name)       # done once, just now
-        elif launch.plans:
-            self.steps.append(Step(name, "copy", launch))
+            step = Step(name, "kernel", launch)
+        else:
+            copies = s.residuals_of(name)
+            if not copies:
+                return
+            launch = Launch(name, "copy")
+            for r in copies:
+                tensors = {p.target: self.storage(p.target) for pair in r.pairs for p in pair if p.target}
+                plan = copy_pieces(r.domain, r.pairs, tensors, tables=self._tables(r))
+                if plan is not None:
+                    launch.plans.append((plan, plan.take_args()))
+            if not launch.plans:
+                return
+            step = Step(name, "copy", launch)
+        if len(run) == 1 and folded(g, name, const):
+            self.folded.append(name)       # done once, just now: its outputs are constants from here on
+        else:
+            self.steps.append(step)
 
     def _tables(self, r) -> dict[str, torch.Tensor]:
         out = {}
@@ -387,6 +389,8 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
     out: list[PlannedCopy] = []
     for run in regions(graph, strategy, graph.steps, const):
         name = run[0]
+        if len(run) == 1 and folded(graph, name, const):
+            continue                        # run once, at build
         if any(is_region_step(graph, strategy, st) for st in run):
             ins, outs = region_io(ctx, run)   # type: ignore[arg-type]
             ops = set(region_ops(graph, run))
@@ -402,7 +406,7 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
                 if not has_epilogue(gr):   # an epilogue writes the group's result through its maps itself
                     out += [PlannedCopy(name, "scatter", t, graph.tensors[t].nbytes) for t in outs
                             if copied(gr.kind, t)]
-        elif not folded(graph, name, const):
+        else:
             out += [PlannedCopy(name, "copy", r.dst_tensor, r.elements * graph.tensors[r.dst_tensor].dtype.itemsize)
                     for r in strategy.residuals_of(name)]
     return out

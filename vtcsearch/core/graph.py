@@ -186,22 +186,45 @@ class TensorGraph:
 FOLD_LIMIT_BYTES = 64 << 10
 
 
+# Ops whose result is not a function of their inputs (random numbers, uninitialised memory): never folded.
+_NOT_FOLDABLE = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "multinomial", "poisson",
+                 "empty", "randperm")
+
+
 def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES) -> set[str]:
-    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and outputs of
-    ``fold_limit`` bytes or less of movement ops of those (a rotary table's slice).  Realization folds such a
-    movement op once at build, or an Inductor region reads it as a view; either way it costs nothing per call,
-    and the cost model says so."""
+    """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and the outputs
+    of ``fold_limit`` bytes or less of steps that read only those.  A step is a movement op (a rotary table's
+    slice) or a whole kernel group (the index arithmetic of a bilinear resize: ``arange`` -> ``mul`` ->
+    ``clamp`` -> ``_to_copy``, a detection head's anchor grid).  Realization runs such a step once at build,
+    as a compiler folds constants, or an Inductor region reads it as a view; either way it costs nothing per
+    call, and the cost model says so.  Random and uninitialising ops, program outputs and buffer updates are
+    never folded."""
     const = {t for t, i in graph.tensors.items() if i.read_only and i.kind != "input"}
-    for op in graph.ops.values():
-        if op.kind == "movement" and op.kernel is None and op.inputs and all(t in const for t in op.inputs) \
-                and all(graph.tensors[t].nbytes <= fold_limit for t in op.outputs):
-            const.update(op.outputs)
+    kernels = graph.kernels()
+    for name in graph.steps or list(graph.ops):
+        if name in kernels:
+            ops = kernels[name]
+            if any(any(w in graph.ops[o].target_name for w in _NOT_FOLDABLE) for o in ops):
+                continue
+            ins, _ = kernel_io(graph, ops)
+            outs = [t for o in ops for t in graph.ops[o].outputs]
+            if any(graph.tensors[t].is_output or t in graph.mutations for t in outs):
+                continue
+        else:
+            op = graph.ops[name]
+            if op.kind != "movement" or op.kernel is not None or not op.inputs:
+                continue
+            ins, outs = op.inputs, op.outputs
+        if outs and all(t in const for t in ins) and all(graph.tensors[t].nbytes <= fold_limit for t in outs):
+            const.update(outs)
     return const
 
 
-def folded(graph: TensorGraph, op: str, const: set[str]) -> bool:
-    """Whether movement op ``op`` is folded at build: every output is a constant (:func:`constant_tensors`)."""
-    outs = graph.ops[op].outputs
+def folded(graph: TensorGraph, step: str, const: set[str]) -> bool:
+    """Whether ``step`` (a movement op or a kernel group) is folded at build: every tensor it makes is a
+    constant (:func:`constant_tensors`)."""
+    ops = graph.groups[step].ops if step in graph.groups else [step]
+    outs = [t for o in ops for t in graph.ops[o].outputs]
     return bool(outs) and all(t in const for t in outs)
 
 
