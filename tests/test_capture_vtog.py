@@ -151,3 +151,23 @@ def test_find_cycle_is_networkx_s():
         except nx.NetworkXNoCycle:
             ref = None
         assert _find_cycle(q) == ref, seed
+
+
+def test_ops_over_constants_are_not_fused_with_per_call_code():
+    """Per-call pointwise code that reads a table made from ``arange`` (a resize's lerp weights) is one kernel:
+    the table's ops (over constants only, folded at build) form kernels of their own.  Fused together, the
+    region's outputs had two sizes, and it went back to one kernel per op."""
+    from vtcsearch.core.graph import constant_tensors, folded
+
+    class M(nn.Module):
+        def forward(self, x):
+            w = (torch.arange(16) * 0.5).sin()
+            return ((x.relu() * w) + 1).exp()
+
+    g = capture(M(), (torch.randn(2, 4, 16),))
+    per_call = {o.kernel for o in g.ops.values() if o.target_name in ("relu.default", "exp.default")}
+    assert len(per_call) == 1, per_call
+    table = {o.kernel for o in g.ops.values() if o.target_name == "sin.default"}
+    assert not table & per_call
+    const = constant_tensors(g)
+    assert all(folded(g, k, const) for k in table) and not any(folded(g, k, const) for k in per_call)

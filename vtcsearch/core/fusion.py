@@ -54,7 +54,7 @@ from typing import Any, Iterable
 import networkx as nx
 import torch
 
-from .graph import OpNode, TensorGraph, kernel_io
+from .graph import OpNode, TensorGraph, constant_tensors, kernel_io
 
 aten = torch.ops.aten
 
@@ -544,7 +544,11 @@ def fuse(g: "TensorGraph", prologues: bool = False) -> dict[str, Group]:
             claim(gr)
 
     free = {o for o in g.ops if o not in claimed}
-    for ops in _regions(g, free):
+    # ops over constants only (a resize's index arithmetic) fold at build: they form regions of their own, so
+    # the per-call pointwise code they feed (the resize's lerp) stays one kernel of one iteration space
+    const = constant_tensors(g, by_op=True)
+    folds = {o for o in free if g.ops[o].outputs and all(t in const for t in g.ops[o].outputs)}
+    for ops in _regions(g, free - folds) + _regions(g, folds):
         outs = region_outputs(g, ops)
         if len({g.tensors[t].numel for t in outs}) > 1:
             # outputs of different sizes have no common iteration space: one kernel per pointwise op

@@ -191,17 +191,18 @@ _NOT_FOLDABLE = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponenti
                  "empty", "randperm")
 
 
-def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES) -> set[str]:
+def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES, by_op: bool = False) -> set[str]:
     """Tensors whose values are fixed at build time: parameters, constants, unmutated buffers, and the outputs
     of ``fold_limit`` bytes or less of steps that read only those.  A step is a movement op (a rotary table's
     slice) or a whole kernel group (the index arithmetic of a bilinear resize: ``arange`` -> ``mul`` ->
     ``clamp`` -> ``_to_copy``, a detection head's anchor grid).  Realization runs such a step once at build,
     as a compiler folds constants, or an Inductor region reads it as a view; either way it costs nothing per
     call, and the cost model says so.  Random and uninitialising ops, program outputs and buffer updates are
-    never folded."""
+    never folded.  ``by_op``: every op on its own, as before fusion groups them (fusion keeps what folds apart
+    from what runs per call)."""
     const = {t for t, i in graph.tensors.items() if i.read_only and i.kind != "input"}
-    kernels = graph.kernels()
-    for name in graph.steps or list(graph.ops):
+    kernels = {o.name: [o.name] for o in graph.compute_ops()} if by_op else graph.kernels()
+    for name in list(graph.ops) if by_op else graph.steps or list(graph.ops):
         if name in kernels:
             ops = kernels[name]
             if any(any(w in graph.ops[o].target_name for w in _NOT_FOLDABLE) for o in ops):
@@ -212,7 +213,7 @@ def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES) -> 
                 continue
         else:
             op = graph.ops[name]
-            if op.kind != "movement" or op.kernel is not None or not op.inputs:
+            if op.kind != "movement" or (op.kernel is not None and not by_op) or not op.inputs:
                 continue
             ins, outs = op.inputs, op.outputs
         if outs and all(t in const for t in ins) and all(graph.tensors[t].nbytes <= fold_limit for t in outs):
