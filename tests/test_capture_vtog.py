@@ -171,3 +171,28 @@ def test_ops_over_constants_are_not_fused_with_per_call_code():
     assert not table & per_call
     const = constant_tensors(g)
     assert all(folded(g, k, const) for k in table) and not any(folded(g, k, const) for k in per_call)
+
+
+def test_a_copy_is_scheduled_next_to_the_kernel_that_reads_it():
+    """Gathers exported together (a bicubic resize's taps) each run just before the kernel that reads them, so
+    the cost model fuses each into its reader's Inductor region, as realization's regions do: exported order
+    left three of four gathers a kernel away from their readers, priced as copy kernels."""
+    from cost_models import AnalyticalOracle
+
+    class M(nn.Module):
+        def forward(self, x):
+            y = x.relu()
+            i0, i1 = torch.arange(8) // 2, (torch.arange(8) + 1) // 2 % 4
+            g0, g1 = y[:, :, i0], y[:, :, i1]          # gathers, exported before both readers
+            return g0.sum(-1) * g1.sum(-1)
+
+    g = capture(M(), (torch.randn(2, 3, 4),))
+    gathers = [o.name for o in g.movement_ops() if o.target_name.startswith("index")]
+    assert len(gathers) == 2
+    for gather in gathers:
+        k = g.steps.index(gather)
+        reader = g.tensors[g.ops[gather].outputs[0]].consumers[0]
+        assert g.steps[k + 1] == g.ops[reader].kernel, (gather, g.steps)
+    acc = AnalyticalOracle("H200", implementations=("inductor", "triton")).accounting(build_vtog(g))
+    fused = {cu.op for u in acc.units if u.kind == "kernel" for cu in u.fuses}
+    assert set(gathers) <= fused

@@ -766,9 +766,23 @@ def _find_cycle(q: nx.DiGraph) -> list[tuple[str, str]] | None:
 
 
 def schedule(g: "TensorGraph", groups: dict[str, Group]) -> list[str]:
-    """Steps in an order that respects every dependence, as close to export order as possible."""
+    """Steps in an order that respects every dependence, as close to export order as possible, except that a
+    movement op that does not shrink what it reads runs just before the first step that reads it.  The copy then
+    sits next to the kernel that reads it, so an Inductor region holds both (a bicubic resize's gathers, exported
+    together, each beside its own lerp term), and its output lives no longer than it must.  A slice stays where
+    it was exported: run late, it would keep the larger tensor it reads alive until then."""
     q, owner = _quotient(g, groups)
     first = {}
     for k, o in enumerate(g.ops):
         first.setdefault(owner[o], k)
-    return list(nx.lexicographical_topological_sort(q, key=lambda n: first[n]))
+
+    def sinks(n: str) -> bool:
+        op = g.ops[n]
+        return n not in groups and sum(g.tensors[t].nbytes for t in op.outputs) >= \
+            sum(g.tensors[t].nbytes for t in op.inputs)
+
+    key: dict[str, tuple[int, int]] = {}
+    for n in reversed(list(nx.topological_sort(q))):
+        later = [key[c] for c in q.successors(n)]
+        key[n] = (min(later)[0], min(later)[1] - 1) if later and sinks(n) else (first[n], 0)
+    return list(nx.lexicographical_topological_sort(q, key=lambda n: key[n]))
