@@ -307,3 +307,22 @@ def test_bounds_and_simplify_memos_answer_as_cold(data):
     for r, got in zip(rangess, warm):
         clear_memos()
         assert got == (bounds(e, r), simplify(e, r), simplify(e, r, True))
+
+
+def test_a_rewrite_that_changes_nothing_keeps_the_expression():
+    """``map_atoms`` gives back the expression itself when every atom maps to itself (so simplify's fixpoint
+    test and the memos compare it by identity), and the rewritten sum as soon as one atom changes, whichever
+    it is; ``_merge_divmod`` gives back its argument when nothing merges, the merged sum when something does."""
+    from vtcsearch.core.expr import FloorDiv, Mod, _merge_divmod
+    i, j = var("i"), var("j")
+    e = 3 * (i // 4) + 5 * (j % 3) + 2 * i + 7
+    assert e.map_atoms(lambda a: Expr({a: 1})) is e
+    for k, (atom, _) in enumerate(e.terms):
+        got = e.map_atoms(lambda a: Expr({a: 1}) if a != atom else Expr({a: 1}) + 1)
+        assert got is not e and got == e + e.coef(atom), k
+        got = e.map_atoms(lambda a: Expr({a: 1}) if a != atom else Expr({a: 2}))
+        assert got == e + e.coef(atom) * Expr({atom: 1}), k
+    assert _merge_divmod(e) is e
+    merged = 4 * (i // 4) + i % 4 + j
+    assert _merge_divmod(merged) == i + j
+    assert simplify(merged, {"i": (0, 63), "j": (0, 3)}) == i + j

@@ -285,14 +285,23 @@ class Expr:
         return self.map_atoms(lambda a: _subs_atom(a, env))
 
     def map_atoms(self, fn: Callable[[Atom], "Expr"]) -> "Expr":
-        # the sum of c * fn(a), built once (a chain of additions sorted the terms at every step)
+        """The sum of ``c * fn(a)``, built once (a chain of additions sorted the terms at every step).
+
+        ``self`` itself where ``fn`` gives back every atom unchanged (an equal expression either way): a
+        rewrite that changes nothing keeps the object, so the fixpoint test of :func:`simplify` and the memos
+        keyed by expressions compare it by identity, not by walking a deep, nested expression again."""
         terms: dict[Atom, int] = {}
         const = self.const
+        same = True
         for a, c in self.terms:
             e = fn(a)
+            if same and not (e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1 and e.terms[0][0] == a):
+                same = False
             const += e.const * c
             for b, d in e.terms:
                 terms[b] = terms.get(b, 0) + d * c
+        if same:
+            return self
         return Expr(terms, const)
 
 
@@ -521,8 +530,11 @@ def _split_divisor(arg: Expr, d: int, ranges: Ranges) -> tuple[Expr, Expr, int] 
 
 
 def _merge_divmod(e: Expr) -> Expr:
+    """``e`` with the merges of :func:`_find_merge` applied (``e`` itself where there is none)."""
     terms, const = dict(e.terms), e.const
-    while (hit := _find_merge(terms)) is not None:
+    if (hit := _find_merge(terms)) is None:
+        return e
+    while hit is not None:
         remove, add = hit
         for a in remove:
             del terms[a]
@@ -530,6 +542,7 @@ def _merge_divmod(e: Expr) -> Expr:
             terms[a] = terms.get(a, 0) + c
         const += add.const
         terms = {a: c for a, c in terms.items() if c}
+        hit = _find_merge(terms)
     return Expr(terms, const)
 
 
