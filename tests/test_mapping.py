@@ -326,3 +326,55 @@ def test_a_rewrite_that_changes_nothing_keeps_the_expression():
     merged = 4 * (i // 4) + i % 4 + j
     assert _merge_divmod(merged) == i + j
     assert simplify(merged, {"i": (0, 63), "j": (0, 3)}) == i + j
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 6))
+def test_run_length_memo_answers_as_cold(seed, length):
+    """``_run_length`` is memoized per (region, index, whether there are predicates, strides, shape), not per
+    piece: pieces of random chains and variants of them (other predicates, a smaller box, none) asked one after
+    the other, warm, get what each computed from cleared memos gets."""
+    from vtcsearch.core.mapping import _compute_run_length, _run_length, clear_memos, contiguous_strides
+    c = random_chain(seed, length)
+    variants = []
+    for p in c.map.pieces:
+        if p.target is None or any(e.has_lookup() for e in p.index) or any(ce.has_lookup() for ce, _, _ in p.conds):
+            continue
+        st_ = contiguous_strides(c.map.target_shapes[p.target])
+        half = tuple((lo, max(lo + 1, (lo + hi) // 2)) if k == len(p.region) - 1 else (lo, hi)
+                     for k, (lo, hi) in enumerate(p.region))
+        extra = ((var(f"i{len(p.region) - 1}"), 0, max(1, p.region[-1][1] - 1)),) if p.region else ()
+        for q in (p, Piece(p.target, p.region, p.index, ()), Piece(p.target, p.region, p.index, p.conds + extra),
+                  Piece(p.target, half, p.index, p.conds), Piece(p.target, half, p.index, ())):
+            variants.append((q, st_))
+    warm = [_run_length(q, s, c.map.shape) for q, s in variants]
+    for (q, s), got in zip(variants, warm):
+        clear_memos()
+        assert got == _compute_run_length(q, s, c.map.shape), q
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 6))
+def test_normalize_and_offset_memos_answer_as_cold(seed, length):
+    """A piece's predicates are normalized through a memo per predicate and the ranges of its variables, and
+    ``Piece.offset`` through one per (index, region, strides): the pieces of random chains and variants that
+    repeat their predicates over other boxes (as a residual copy's pairs do), asked warm, normalize and offset
+    as from cleared memos."""
+    from dataclasses import replace
+    from vtcsearch.core.mapping import _normalize_piece, clear_memos, contiguous_strides
+    c = random_chain(seed, length)
+    pieces = []
+    for p in c.map.pieces:
+        others = [q for q in c.map.pieces if q is not p]
+        for q in [p] + others[:2]:
+            pieces.append(Piece(p.target, p.region, p.index, p.conds + q.conds, p.fill))
+        half = tuple((lo, max(lo + 1, (lo + hi) // 2)) for lo, hi in p.region)
+        pieces.append(replace(p, region=half))
+        pieces.append(replace(p, region=half, target="other"))
+    strides = [contiguous_strides(c.map.target_shapes[p.target]) if p.target in c.map.target_shapes else
+               (1,) * len(p.index) for p in pieces]
+    warm = [(_normalize_piece(p), p.offset(s) if p.target else None) for p, s in zip(pieces, strides)]
+    for (p, s), got in zip(zip(pieces, strides), warm):
+        clear_memos()
+        fresh = Piece(p.target, p.region, p.index, p.conds, p.fill)   # no offset memo of its own
+        assert got == (_normalize_piece(p), fresh.offset(s) if p.target else None)

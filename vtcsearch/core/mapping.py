@@ -101,11 +101,23 @@ class Piece:
             object.__setattr__(self, "_offsets", memo)
         off = memo.get(key)
         if off is None:
-            off = Expr(const=storage_offset)
-            for e, s in zip(self.index, key[0]):
-                off = off + e * s
-            off = memo[key] = simplify(off, self.ranges())
+            # then per (index, region): the same offset object for equal pieces (other storages, a residual
+            # copy's pairs), so the memos keyed by it answer by identity instead of comparing deep expressions
+            shared = (self.index, self.region, key)
+            off = _OFFSETS.get(shared)
+            if off is None:
+                off = Expr(const=storage_offset)
+                for e, s in zip(self.index, key[0]):
+                    off = off + e * s
+                off = simplify(off, self.ranges())
+                if len(_OFFSETS) > 1 << 18:   # a bound on memory
+                    _OFFSETS.clear()
+                _OFFSETS[shared] = off
+            memo[key] = off
         return off
+
+
+_OFFSETS: dict[tuple, Expr] = {}   # (index, region, (strides, storage offset)) -> Piece.offset
 
 
 class IndexMap:
@@ -525,6 +537,9 @@ def clear_memos() -> None:
     _ATOMS.clear()
     _BOUNDS.clear()
     _NORMALIZED.clear()
+    _RUNS.clear()
+    _VERDICTS.clear()
+    _OFFSETS.clear()
     _COMPOSED.clear()
     _INJECTIVE.clear()
     _PIECE_INJECTIVE.clear()
@@ -539,32 +554,69 @@ def _normalize_piece(p: Piece) -> Piece | None:
     if any(lo >= hi for lo, hi in region):
         return None
     conds = []
+    ranges = None
     for ce, lo, hi in p.conds:
-        ranges = {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(region)}
-        ce = simplify(ce, ranges)
-        blo, bhi = bounds(ce, ranges)
-        if blo >= lo and bhi < hi:
-            continue  # always true
-        if bhi < lo or blo >= hi:
-            return None  # never true
-        fv = ce.free_vars()
-        if ce.is_affine() and len(ce.terms) == 1 and len(fv) == 1 and not ce.syms():
-            (atom, c), = ce.terms
-            k = int(atom.name[1:])
-            # lo <= c*i + k0 < hi, solved for i
-            if c > 0:
-                a, b = -((ce.const - lo) // c), (hi - 1 - ce.const) // c
-            else:
-                a, b = (ce.const - hi) // -c + 1, (ce.const - lo) // -c
+        if ranges is None:   # the box's ranges, again after a predicate narrowed it
+            ranges = {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(region)}
+        v = _cond_verdict(ce, lo, hi, ranges)
+        if v is _ALWAYS:
+            continue
+        if v is _NEVER:
+            return None
+        if v[0] == "solve":
+            _, k, a, b = v
             nlo, nhi = max(region[k][0], a), min(region[k][1], b + 1)
             if nlo >= nhi:
                 return None
             region[k] = (nlo, nhi)
+            ranges = None
             continue
-        conds.append((ce, lo, hi))
+        conds.append((v[1], lo, hi))
     ranges = {f"i{k}": (a, b - 1) for k, (a, b) in enumerate(region)}
     index = tuple(simplify(e, ranges) for e in p.index)
     return Piece(p.target, tuple(region), index, tuple(conds), p.fill)
+
+
+_ALWAYS, _NEVER = ("always",), ("never",)
+_VERDICTS: dict[tuple, tuple] = {}   # (predicate, lo, hi, ranges of its variables) -> _cond_verdict
+
+
+def _cond_verdict(ce: Expr, lo: int, hi: int, ranges: Mapping[str, tuple[int, int]]) -> tuple:
+    """What normalizing a piece does with the predicate ``lo <= ce < hi`` over ``ranges``: drop it (``_ALWAYS``),
+    drop the piece (``_NEVER``), narrow dim ``k`` to ``[a, b]`` (``("solve", k, a, b)``) or keep its simplified
+    form (``("keep", ce)``).
+
+    Memoized per predicate and the ranges of its variables (all that simplify and bounds read of them: neither
+    brings in a variable): the pieces of a residual copy pair each piece of one map with each of the other's,
+    and each pair repeats both pieces' predicates (seven nested ones per piece for a ShuffleNet shuffle chain)."""
+    key = (ce, lo, hi, tuple(ranges.get(v) for v in ce.sorted_vars()))
+    hit = _VERDICTS.get(key)
+    if hit is None:
+        hit = _compute_cond_verdict(ce, lo, hi, ranges)
+        if len(_VERDICTS) > 1 << 18:   # a bound on memory
+            _VERDICTS.clear()
+        _VERDICTS[key] = hit
+    return hit
+
+
+def _compute_cond_verdict(ce: Expr, lo: int, hi: int, ranges: Mapping[str, tuple[int, int]]) -> tuple:
+    ce = simplify(ce, ranges)
+    blo, bhi = bounds(ce, ranges)
+    if blo >= lo and bhi < hi:
+        return _ALWAYS
+    if bhi < lo or blo >= hi:
+        return _NEVER
+    fv = ce.free_vars()
+    if ce.is_affine() and len(ce.terms) == 1 and len(fv) == 1 and not ce.syms():
+        (atom, c), = ce.terms
+        k = int(atom.name[1:])
+        # lo <= c*i + k0 < hi, solved for i
+        if c > 0:
+            a, b = -((ce.const - lo) // c), (hi - 1 - ce.const) // c
+        else:
+            a, b = (ce.const - hi) // -c + 1, (ce.const - lo) // -c
+        return ("solve", k, a, b)
+    return ("keep", ce)
 
 
 def _piece_injective(p: Piece, off: Expr) -> bool:
@@ -589,6 +641,26 @@ def _piece_injective(p: Piece, off: Expr) -> bool:
 
 
 def _run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
+    """Length (elements) of the first contiguous run of ``p`` in a target with ``strides``, over a domain of
+    ``shape``.
+
+    Memoized per (region, index, whether there are predicates, strides, shape): all the answer reads (the
+    predicates only send it to :func:`_numeric_run`, which evaluates the offset over the box without them).
+    The pieces of a residual copy pair one piece's index with each of the other map's predicates, and the
+    same index recurs with other predicates in other copies."""
+    key = (p.region, p.index, bool(p.conds), tuple(int(s) for s in strides), tuple(shape))
+    hit = _RUNS.get(key)
+    if hit is None:
+        if len(_RUNS) > 1 << 18:   # a bound on memory
+            _RUNS.clear()
+        hit = _RUNS[key] = _compute_run_length(p, strides, shape)
+    return hit
+
+
+_RUNS: dict[tuple, int] = {}   # (region, index, has predicates, strides, shape) -> _run_length
+
+
+def _compute_run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
     off = p.offset(strides)
     nonlinear = set()
     for a in off.atoms():
