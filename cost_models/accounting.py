@@ -284,13 +284,19 @@ def _swapped_run(m: IndexMap, p: Piece, strides) -> int:
     a, b = f"i{n - 1}", f"i{n - 2}"
     env = {a: Expr({Var(b): 1}), b: Expr({Var(a): 1})}
     region = p.region[:-2] + (p.region[-1], p.region[-2])
-    q = Piece(p.target, region, tuple(e.subs(env) for e in p.index),
-              tuple((c.subs(env), lo, hi) for c, lo, hi in p.conds), p.fill)
+    memo = _SWAPS.get(n)   # the swap of an atom, shared by every piece of this rank (Expr.subs)
+    if memo is None or len(memo) > 1 << 16:
+        memo = _SWAPS[n] = {}
+    q = Piece(p.target, region, tuple(e.subs(env, memo) for e in p.index),
+              tuple((c.subs(env, memo), lo, hi) for c, lo, hi in p.conds), p.fill)
     shape = m.shape[:-2] + (m.shape[-1], m.shape[-2])
     try:
         return IndexMap(shape, [q], m.target_shapes).piece_runs(strides)[0][0]
     except Exception:
         return 0
+
+
+_SWAPS: dict[int, dict] = register_memo({})   # rank -> {atom: the atom with its last two dims swapped}
 
 
 def affine_coefs(p: Piece, strides: Sequence[int]) -> tuple[int, ...] | None:

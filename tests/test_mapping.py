@@ -378,3 +378,48 @@ def test_normalize_and_offset_memos_answer_as_cold(seed, length):
         clear_memos()
         fresh = Piece(p.target, p.region, p.index, p.conds, p.fill)   # no offset memo of its own
         assert got == (_normalize_piece(p), fresh.offset(s) if p.target else None)
+
+
+def _walk_subs(e: Expr, env) -> Expr:
+    """Substitution by a plain walk of the tree, every occurrence of an atom on its own (the reference)."""
+    from vtcsearch.core.expr import FloorDiv, Lookup, Mod, Var
+    out = Expr(const=e.const)
+    for a, c in e.terms:
+        if isinstance(a, Var):
+            x = env.get(a.name, Expr({a: 1}))
+        elif isinstance(a, FloorDiv):
+            x = _walk_subs(a.arg, env) // a.div
+        elif isinstance(a, Mod):
+            x = _walk_subs(a.arg, env) % a.div
+        elif isinstance(a, Lookup):
+            x = Expr({Lookup(a.table, tuple(_walk_subs(i, env) for i in a.index), a.lo, a.hi): 1})
+        else:
+            x = Expr({a: 1})
+        out = out + x * c
+    return out
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 6))
+def test_substitution_shares_atoms_and_equals_a_walk_of_the_tree(seed, length):
+    """``Expr.subs`` substitutes each distinct atom once, in a memo its caller may share between expressions
+    with the same substitution (a piece's index and predicates; compose's pieces of one base map): on the
+    pieces of random chains, swapped as the traffic model swaps the last two dims, and on a shuffle chain
+    nested as ShuffleNet composes it, every expression equals the plain walk's."""
+    c = random_chain(seed, length)
+    for p in c.map.pieces:
+        n = len(p.region)
+        if n < 2:
+            continue
+        env = {f"i{n - 1}": var(f"i{n - 2}"), f"i{n - 2}": var(f"i{n - 1}"), "i0": var(f"i{n - 1}") * 3 + 1}
+        memo: dict = {}
+        for e in list(p.index) + [ce for ce, _, _ in p.conds]:
+            assert e.subs(env, memo) == _walk_subs(e, env), e
+    i1, i2 = var("i1"), var("i2")
+    e = i1
+    for _ in range(4):   # nested: each level holds the previous one several times
+        e = 116 * ((196 * e + 14 * i2) // 392 % 2) + (196 * e + 14 * i2) // 392 + 29 * (e % 2)
+    memo = {}
+    for env in ({"i1": i2 * 2, "i2": i1}, {"i1": i2 * 2, "i2": i1}, {"i2": var("i3") + 5}):
+        m = memo if env.get("i2") == i1 else {}   # the first two share a substitution, the third has its own
+        assert e.subs(env, m) == _walk_subs(e, env)

@@ -280,9 +280,16 @@ class Expr:
         return r
 
     # -- transformation -----------------------------------------------------
-    def subs(self, env: Mapping[str, "Expr"]) -> "Expr":
-        """Replace index variables by expressions (composition of maps)."""
-        return self.map_atoms(lambda a: _subs_atom(a, env))
+    def subs(self, env: Mapping[str, "Expr"], memo: dict | None = None) -> "Expr":
+        """Replace index variables by expressions (composition of maps).
+
+        Each distinct div/mod/lookup atom is substituted once (``memo``: atom -> its substitution under
+        ``env``; pass one dict to share it between expressions with the same ``env``, as a piece's index and
+        predicates): a map composed through a chain of channel shuffles nests the same atoms many times over,
+        and walking every occurrence is exponential in the depth.  The same expression either way."""
+        if memo is None:
+            memo = {}
+        return self.map_atoms(lambda a: _subs_atom(a, env, memo))
 
     def map_atoms(self, fn: Callable[[Atom], "Expr"]) -> "Expr":
         """The sum of ``c * fn(a)``, built once (a chain of additions sorted the terms at every step).
@@ -322,16 +329,23 @@ def _mod_atom(e: Expr, d: int) -> Atom:
     return Mod(e, d)
 
 
-def _subs_atom(a: Atom, env: Mapping[str, Expr]) -> Expr:
+def _subs_atom(a: Atom, env: Mapping[str, Expr], memo: dict | None = None) -> Expr:
     if isinstance(a, Var):
         return env[a.name] if a.name in env else Expr({a: 1})
-    if isinstance(a, FloorDiv):
-        return a.arg.subs(env) // a.div
-    if isinstance(a, Mod):
-        return a.arg.subs(env) % a.div
-    if isinstance(a, Lookup):
-        return Expr({Lookup(a.table, tuple(e.subs(env) for e in a.index), a.lo, a.hi): 1})
-    return Expr({a: 1})
+    if not isinstance(a, (FloorDiv, Mod, Lookup)):
+        return Expr({a: 1})
+    if memo is None:
+        memo = {}
+    out = memo.get(a)
+    if out is None:
+        if isinstance(a, FloorDiv):
+            out = a.arg.subs(env, memo) // a.div
+        elif isinstance(a, Mod):
+            out = a.arg.subs(env, memo) % a.div
+        else:
+            out = Expr({Lookup(a.table, tuple(e.subs(env, memo) for e in a.index), a.lo, a.hi): 1})
+        memo[a] = out
+    return out
 
 
 def rename_tables(e: Expr, names: Mapping[str, str]) -> Expr:

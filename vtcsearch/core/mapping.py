@@ -251,12 +251,13 @@ class IndexMap:
                 if got is None:
                     if env is None:
                         env = {f"i{k}": e for k, e in enumerate(p.index)}
+                        memo: dict = {}   # one substitution per atom for all of bm's pieces (Expr.subs)
                     conds = list(p.conds)
                     for k, (lo, hi) in enumerate(q.region):
                         conds.append((p.index[k], lo, hi))
                     for ce, lo, hi in q.conds:
-                        conds.append((ce.subs(env), lo, hi))
-                    index = tuple(e.subs(env) for e in q.index) if q.target is not None else ()
+                        conds.append((ce.subs(env, memo), lo, hi))
+                    index = tuple(e.subs(env, memo) for e in q.index) if q.target is not None else ()
                     got = Piece(q.target, p.region, index, tuple(conds), q.fill)
                     if len(_COMPOSED) > 1 << 18:   # a bound on memory
                         _COMPOSED.clear()
