@@ -423,3 +423,23 @@ def test_substitution_shares_atoms_and_equals_a_walk_of_the_tree(seed, length):
     for env in ({"i1": i2 * 2, "i2": i1}, {"i1": i2 * 2, "i2": i1}, {"i2": var("i3") + 5}):
         m = memo if env.get("i2") == i1 else {}   # the first two share a substitution, the third has its own
         assert e.subs(env, m) == _walk_subs(e, env)
+
+
+def test_equal_expressions_are_one_object_and_a_hash_collision_is_not_merged():
+    """``Expr`` hash-conses: an expression equal to one built before is that object (so memos keyed by
+    expressions compare by identity), and one that only shares another's hash is built on its own, with its
+    own terms (the table keys by hash alone)."""
+    from vtcsearch.core import expr as E
+    i, j = var("i"), var("j")
+    a = 116 * ((196 * i + 14 * j) // 392 % 2) + j
+    b = 116 * ((196 * i + 14 * j) // 392 % 2) + j
+    assert a is b and (a + 1 - 1) is a
+    assert Expr(dict(a.terms), a.const) is a
+    c = 3 * i + 5
+    h = hash((c.terms, c.const))
+    E._INTERNED[h] = a                      # another expression under c's hash: a collision
+    try:
+        d = Expr(dict(c.terms), c.const)
+        assert d is not a and d.terms == c.terms and d.const == 5 and d == c and repr(d) == "3*i + 5"
+    finally:
+        E._INTERNED[h] = c

@@ -89,23 +89,41 @@ def _term_key(t: tuple[Atom, int]) -> str:
     return t[0].key()
 
 
+_INTERNED: dict[int, "Expr"] = {}   # hash -> the expression built first with it (Expr.__new__)
+
+
 class Expr:
     """``const + sum(coef * atom)``; immutable and hashable."""
 
     __slots__ = ("terms", "const", "_hash", "_fv", "_sv", "_repr", "_lk", "_sy")
 
-    def __init__(self, terms: Mapping[Atom, int] | None = None, const: int = 0):
+    def __new__(cls, terms: Mapping[Atom, int] | None = None, const: int = 0) -> "Expr":
+        """An equal expression built before is given back (hash-consing, while ``_INTERNED`` keeps it): the
+        memos keyed by expressions then find theirs by identity instead of comparing deep, nested ones (a
+        channel shuffle composed through many layers builds the same predicates again in every layer)."""
         items = [(a, c) for a, c in terms.items() if c != 0] if terms else []
         if len(items) > 1:   # most expressions built are one atom or a constant: no sort
             items.sort(key=_term_key)
-        self.terms: tuple[tuple[Atom, int], ...] = tuple(items)
-        self.const = int(const)
-        self._hash = hash((self.terms, self.const))
+        t = tuple(items)
+        const = int(const)
+        h = hash((t, const))
+        hit = _INTERNED.get(h)
+        if hit is not None and hit.const == const and hit.terms == t:
+            return hit
+        self = object.__new__(cls)
+        self.terms: tuple[tuple[Atom, int], ...] = t
+        self.const = const
+        self._hash = h
         self._fv: frozenset[str] | None = None    # free_vars, repr and lookups, computed once (immutable)
         self._repr: str | None = None
         self._lk: frozenset[Lookup] | None = None
         self._sy: frozenset[Sym] | None = None
         self._sv: tuple[str, ...] | None = None
+        if hit is None:   # a hash collision keeps the first one
+            if len(_INTERNED) > 1 << 20:   # a bound on memory (equality stays structural)
+                _INTERNED.clear()
+            _INTERNED[h] = self
+        return self
 
     # -- construction -------------------------------------------------------
     @staticmethod

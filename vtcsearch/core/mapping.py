@@ -533,7 +533,8 @@ def register_memo(memo: dict) -> dict:
 
 def clear_memos() -> None:
     """Forget the process-wide memos of maps and expressions (timings from a cold start; tests)."""
-    from .expr import _ATOMS, _BOUNDS, _SIMPLIFIED
+    from .expr import _ATOMS, _BOUNDS, _INTERNED, _SIMPLIFIED
+    _INTERNED.clear()
     _SIMPLIFIED.clear()
     _ATOMS.clear()
     _BOUNDS.clear()
