@@ -8,8 +8,9 @@
 A change that makes queries cheaper must not change any answer: ``--out`` writes each (unit, configuration)'s
 cost as ``repr`` of its fields (byte-identical floats), ``--diff`` compares two such dumps.  Queries are asked
 in :meth:`~cost_models.Accounting.configuration_space` order, as the ILP asks them, so the memos are in the
-same state at query ``i`` in every run: ``--profile-slowest`` runs once to time them, then again with cProfile
-on only around the slowest ones (profiling all would slow every query, and the slowest are first touches).
+same state at query ``i`` in every fresh process: ``--profile-slowest`` runs once to time them, then again in a
+new process with cProfile on only around the slowest ones (``--profile-at I,J,...``; profiling all would slow
+every query, and the slowest are first touches).
 Model arguments as in :mod:`experiments.query_cost`.
 """
 from __future__ import annotations
@@ -67,6 +68,13 @@ def main(argv: list[str]) -> None:
         for x, y in bad[:10]:
             print(" ", x, "\n  ", y)
         sys.exit(1 if bad or len(a) != len(b) else 0)
+    if "--profile-at" in argv:   # a fresh process (cold memos), profiling only the queries named
+        at = {int(x) for x in argv[argv.index("--profile-at") + 1].split(",")}
+        _, _, _, prof = _answers(name, params, at)
+        import pstats
+        pstats.Stats(prof).sort_stats("tottime").print_stats(40)
+        pstats.Stats(prof).sort_stats("cumulative").print_stats(60)
+        return
     answers, times, cpu, _ = _answers(name, params)
     n = 20
     if "--slowest" in argv:
@@ -81,12 +89,12 @@ def main(argv: list[str]) -> None:
     if "--out" in argv:
         with open(argv[argv.index("--out") + 1], "wb") as f:
             pickle.dump({"answers": answers, "times": times, "cpu": cpu}, f)
-    if "--profile-slowest" in argv:
+    if "--profile-slowest" in argv:   # again in a new process: this one's process-wide memos are warm now
+        import subprocess
         k = int(argv[argv.index("--profile-slowest") + 1])
-        _, _, _, prof = _answers(name, params, set(order[:k]))
-        import pstats
-        pstats.Stats(prof).sort_stats("tottime").print_stats(40)
-        pstats.Stats(prof).sort_stats("cumulative").print_stats(60)
+        model_args = [a for a in argv[1:] if "=" in a and not a.startswith("--")]
+        subprocess.run([sys.executable, "-m", "experiments.query_dump", name, *model_args, "--profile-at",
+                        ",".join(str(i) for i in order[:k])], check=True)
 
 
 if __name__ == "__main__":
