@@ -1290,6 +1290,20 @@ def test_profiled_kernels_are_kept_and_the_costliest_reported(monkeypatch):
     assert profile_section({"profile": []}) == []
 
 
+def test_a_report_built_on_several_gpus_names_them_all():
+    """A folder built in pieces (``--append``) may hold rows measured on an H200 and on an H100: the report's
+    first line names both, not the last piece's GPU (the zoo's said H100 for 27 H200 rows)."""
+    from vtcsearch.report import markdown
+    summary = json.loads((Path(__file__).parent.parent / "results" / "zoo" / "summary.json").read_text())
+    gpus = {r["machine"]["gpu"] for r in summary["runs"]}
+    assert len(gpus) > 1
+    head = next(line for line in markdown(summary).splitlines() if line.startswith("Latencies are"))
+    assert all(gpu in head for gpu in gpus), head
+    one = dict(summary, runs=[r for r in summary["runs"] if r["machine"]["gpu"] == summary["machine"]["gpu"]])
+    head = next(line for line in markdown(one).splitlines() if line.startswith("Latencies are"))
+    assert head.startswith(f"Latencies are **measured** on {summary['machine']['gpu']} (median")
+
+
 def _profiling_case(tmp_path, device: str, **oracle_options):
     """The tiny config searched with the profiling oracle on ``device``: (run context, case params, VTOG)."""
     import dataclasses as dc

@@ -180,17 +180,21 @@ def markdown(summary: dict[str, Any]) -> str:
     word = latency_word(summary)
     o = summary.get("oracle", {})
     lines = [f"# {summary['name']}: {summary['description'] or summary['config']['workload']['name']}", ""]
+    runs = summary.get("runs") or [summary]
     if not measured:
         lines += [f"> **Latencies in this report are modelled, not measured.** No GPU was used: every latency, "
                   f"kernel time and memory figure is the `{o.get('oracle')}` cost model's prediction for "
                   f"the {o.get('hardware', '?')} profile; the baselines could not run. Numerics were checked for "
                   f"real, on a scaled-down copy through Triton's CPU interpreter.", ""]
     else:
-        lines += [f"Latencies are **measured** on {m['gpu']} (median of CUDA-event timings; vtcsearch variants "
-                  f"replay one CUDA graph), side by side with the baselines in one process; a row with "
+        # a folder built in pieces may hold rows of several GPUs: name them all, not the last piece's
+        gpus = list(dict.fromkeys(r["machine"]["gpu"] for r in runs if r["machine"].get("gpu"))) or [m["gpu"]]
+        several = "" if len(gpus) == 1 else \
+            " The rows come from several GPUs: each row's `machine` in summary.csv says which."
+        lines += [f"Latencies are **measured** on {' and '.join(gpus)} (median of CUDA-event timings; vtcsearch "
+                  f"variants replay one CUDA graph), side by side with the baselines in one process; a row with "
                   f"`timing_rounds` in summary.csv was timed together with its case's other variants, in that "
-                  f"many interleaved rounds.", ""]
-    runs = summary.get("runs") or [summary]
+                  f"many interleaved rounds.{several}", ""]
     for run in runs:       # a config run in pieces (--append) lists every piece
         rm = run["machine"]
         lines += [f"- Command: `{run['command']}`",
