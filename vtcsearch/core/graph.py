@@ -188,7 +188,7 @@ FOLD_LIMIT_BYTES = 64 << 10
 
 # Ops whose result is not a function of their inputs (random numbers, uninitialised memory): never folded.
 _NOT_FOLDABLE = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "multinomial", "poisson",
-                 "empty", "randperm")
+                 "empty")
 
 
 def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES, by_op: bool = False) -> set[str]:
