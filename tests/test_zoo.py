@@ -80,7 +80,7 @@ def test_check_case_reports_a_wrong_answer_as_one_line(monkeypatch):
 
     def off_by_one(model, inputs, **kw):
         class Wrong:
-            executable = types.SimpleNamespace(summary=lambda: {"kernels": 1, "fallbacks": []})
+            executable = types.SimpleNamespace(summary=lambda: {"kernels": 1, "fallbacks": [], "folded": []})
             strategy = types.SimpleNamespace(residuals=[])
 
             def __call__(self, *args):
