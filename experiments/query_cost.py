@@ -30,14 +30,19 @@ def _build(name: str, params: dict):
     return w.model, w.example_inputs
 
 
+def model_params(argv: list[str]) -> dict:
+    """The model's ``key=value`` arguments (numbers as ints)."""
+    params = dict(a.split("=", 1) for a in argv[1:] if "=" in a and not a.startswith("--"))
+    return {k: int(v) if v.isdigit() else v for k, v in params.items()}
+
+
 def main(argv: list[str]) -> None:
     from cost_models import get_oracle, paused_gc
     from vtcsearch.core.capture import capture
     from vtcsearch.core.vtog import build_vtog
 
     name = argv[0]
-    params = dict(a.split("=", 1) for a in argv[1:] if "=" in a)
-    params = {k: int(v) if v.isdigit() else v for k, v in params.items()}
+    params = model_params(argv)
     t0 = time.perf_counter()
     model, inputs = _build(name, params)
     graph = capture(model, inputs)

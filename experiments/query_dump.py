@@ -57,9 +57,9 @@ def _answers(name: str, params: dict, profile_at: set[int] | None = None
 
 
 def main(argv: list[str]) -> None:
+    from experiments.query_cost import model_params
     name = argv[0]
-    params = dict(a.split("=", 1) for a in argv[1:] if "=" in a and not a.startswith("--"))
-    params = {k: int(v) if v.isdigit() else v for k, v in params.items()}
+    params = model_params(argv)
     if "--diff" in argv:
         i = argv.index("--diff")
         a, b = (pickle.load(open(p, "rb"))["answers"] for p in argv[i + 1:i + 3])

@@ -110,9 +110,7 @@ class Piece:
                 for e, s in zip(self.index, key[0]):
                     off = off + e * s
                 off = simplify(off, self.ranges())
-                if len(_OFFSETS) > 1 << 18:   # a bound on memory
-                    _OFFSETS.clear()
-                _OFFSETS[shared] = off
+                _remember(_OFFSETS, shared, off)
             memo[key] = off
         return off
 
@@ -259,9 +257,7 @@ class IndexMap:
                         conds.append((ce.subs(env, memo), lo, hi))
                     index = tuple(e.subs(env, memo) for e in q.index) if q.target is not None else ()
                     got = Piece(q.target, p.region, index, tuple(conds), q.fill)
-                    if len(_COMPOSED) > 1 << 18:   # a bound on memory
-                        _COMPOSED.clear()
-                    _COMPOSED[p, q] = got
+                    _remember(_COMPOSED, (p, q), got)
                 pieces.append(got)
         return IndexMap(self.shape, pieces, shapes)
 
@@ -510,11 +506,7 @@ def _normalize(p: Piece) -> Piece | None:
         return _NORMALIZED[p]
     except KeyError:
         pass
-    out = _normalize_piece(p)
-    if len(_NORMALIZED) > 1 << 18:   # a bound on memory
-        _NORMALIZED.clear()
-    _NORMALIZED[p] = out
-    return out
+    return _remember(_NORMALIZED, p, _normalize_piece(p))
 
 
 _NORMALIZED: dict[Piece, Piece | None] = {}
@@ -523,6 +515,14 @@ _PIECE_INJECTIVE: dict[tuple, bool] = {}   # (region, index, conds, target strid
 
 
 _MEMOS: list[dict] = []   # memos of modules above this one that clear_memos forgets too (register_memo)
+
+
+def _remember(memo: dict, key: Any, value: Any, limit: int = 1 << 18) -> Any:
+    """``memo[key] = value``, the memo emptied first once it holds ``limit`` entries (a bound on memory)."""
+    if len(memo) > limit:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def register_memo(memo: dict) -> dict:
@@ -594,10 +594,7 @@ def _cond_verdict(ce: Expr, lo: int, hi: int, ranges: Mapping[str, tuple[int, in
     key = (ce, lo, hi, tuple(ranges.get(v) for v in ce.sorted_vars()))
     hit = _VERDICTS.get(key)
     if hit is None:
-        hit = _compute_cond_verdict(ce, lo, hi, ranges)
-        if len(_VERDICTS) > 1 << 18:   # a bound on memory
-            _VERDICTS.clear()
-        _VERDICTS[key] = hit
+        hit = _remember(_VERDICTS, key, _compute_cond_verdict(ce, lo, hi, ranges))
     return hit
 
 
@@ -653,9 +650,7 @@ def _run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
     key = (p.region, p.index, bool(p.conds), tuple(int(s) for s in strides), tuple(shape))
     hit = _RUNS.get(key)
     if hit is None:
-        if len(_RUNS) > 1 << 18:   # a bound on memory
-            _RUNS.clear()
-        hit = _RUNS[key] = _compute_run_length(p, strides, shape)
+        hit = _remember(_RUNS, key, _compute_run_length(p, strides, shape))
     return hit
 
 
