@@ -995,3 +995,35 @@ def test_mixed_implementations_realize_only_the_copies_the_model_prices(workload
         edges = random_valid_strategy(v, rng).edges if seed % 2 else []
         s = Strategy(v, edges, impl)
         assert not unpriced_copies(g, s, oracle.evaluate(s, rows=True).rows), (seed, workload)
+
+
+def test_inductor_options_from_the_environment_reach_the_regions(chain, monkeypatch):
+    """``VTC_INDUCTOR_CONFIG`` settings apply while vtcsearch's regions compile (an unknown key fails naming it,
+    so a typo cannot silently measure the default), results still equal eager, and bad JSON fails in one line."""
+    import torch._inductor.compile_fx
+    from torch._inductor import config as inductor_config
+    from vtcsearch.codegen import inductor
+    m, inputs, g, v = chain
+    seen = []
+    compile_fx = torch._inductor.compile_fx.compile_fx
+
+    def spy(*a, **k):
+        seen.append(inductor_config.combo_kernels)
+        return compile_fx(*a, **k)
+
+    inductor.clear_compiled_regions()
+    monkeypatch.setattr(torch._inductor.compile_fx, "compile_fx", spy)
+    monkeypatch.setenv("VTC_INDUCTOR_CONFIG", '{"combo_kernels": true}')
+    exe = realize(g, all_inductor(g, maximal(v)), m)
+    assert seen and all(seen)
+    with torch.no_grad():
+        for a, r in zip(exe(*inputs), m(*inputs)):
+            torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
+    inductor.clear_compiled_regions()
+    monkeypatch.setenv("VTC_INDUCTOR_CONFIG", '{"no_such_setting": 1}')
+    with pytest.raises(AttributeError, match="no_such_setting"):
+        realize(g, all_inductor(g, maximal(v)), m)
+    monkeypatch.setenv("VTC_INDUCTOR_CONFIG", "combo_kernels")
+    with pytest.raises(ValueError, match="VTC_INDUCTOR_CONFIG"):
+        inductor.inductor_options()
+    inductor.clear_compiled_regions()

@@ -1563,6 +1563,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
+    if os.environ.get("VTC_INDUCTOR_CONFIG"):   # it changes vtcsearch's kernels: part of the command
+        command = f"VTC_INDUCTOR_CONFIG='{os.environ['VTC_INDUCTOR_CONFIG']}' {command}"
     log = Log(quiet=args.quiet)
     import signal
     previous = signal.signal(signal.SIGTERM, _interrupt)   # a timeout stops the run after writing what it measured

@@ -26,8 +26,10 @@ reshape between a GEMM and its residual add does not cut Inductor's fusion.
 """
 from __future__ import annotations
 
+import json
 import math
 import operator
+import os
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import torch
@@ -49,6 +51,20 @@ __all__ = ["MODE", "clear_compiled_regions", "compiled_region", "is_region_step"
 aten = torch.ops.aten
 
 MODE = "max-autotune-no-cudagraphs"   # the executable captures one CUDA graph of its own
+
+
+def inductor_options() -> dict:
+    """Inductor settings over ``MODE`` for vtcsearch's regions, from ``VTC_INDUCTOR_CONFIG`` (JSON, keys as in
+    ``torch._inductor.config``, e.g. ``{"combo_kernels": true, "triton.enable_pdl": true}``): settings whose
+    worth only a measurement on the GPU shows, tried without touching the baselines' torch.compile."""
+    raw = os.environ.get("VTC_INDUCTOR_CONFIG", "")
+    try:
+        opts = json.loads(raw) if raw else {}
+    except json.JSONDecodeError as e:
+        raise ValueError(f"VTC_INDUCTOR_CONFIG is not JSON ({e}): {raw!r}") from None
+    if not isinstance(opts, dict):
+        raise ValueError(f"VTC_INDUCTOR_CONFIG must be a JSON object of torch._inductor.config keys: {raw!r}")
+    return opts
 
 
 _VIEWS = (aten.view.default, aten._unsafe_view.default)
@@ -228,7 +244,8 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         else:
             aliases[k] = j
     gm = region_graph(g, ops, ins, outs, ctx.device, aliases)
-    compiled = compiled_region(gm, args, mode)
+    opts = inductor_options()
+    compiled = compiled_region(gm, args, mode, opts)
 
     def run() -> None:
         for p in pre:
@@ -237,7 +254,9 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         for s in post:
             s()
 
-    run()   # the build pass: the first call compiles (and autotunes)
+    from torch._inductor import config as inductor_config
+    with inductor_config.patch(opts):
+        run()   # the build pass: the first call compiles (and autotunes)
     name = steps[0] if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
     note = f"{len(steps)} steps" + (f", {len(pre)} gathers, {len(post)} scatters" if pre or post else "")
     launch = Launch(name, "inductor", [], run, note)
@@ -251,7 +270,8 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
 _COMPILED: dict[tuple, torch.nn.Module] = {}
 
 
-def compiled_region(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mode: str) -> torch.nn.Module:
+def compiled_region(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mode: str,
+                    options: Mapping | None = None) -> torch.nn.Module:
     """``torch.compile(gm)``, shared with every earlier region of the same code on arguments of the same shapes,
     strides, dtypes, devices, 16-byte alignment (Inductor compiles its kernels for the alignment it sees) and
     sharing of storages: repeated layers reuse one compiled program instead of each tracing and loading it
@@ -262,7 +282,7 @@ def compiled_region(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mode
     first: dict[int, int] = {}
     layout = tuple((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device), a.data_ptr() % 16 == 0,
                     first.setdefault(a.untyped_storage().data_ptr(), k)) for k, a in enumerate(args))
-    key = (gm.code, layout, mode)
+    key = (gm.code, layout, mode, json.dumps(options or {}, sort_keys=True))
     if key not in _COMPILED:
         _COMPILED[key] = torch.compile(gm, mode=mode, dynamic=False, fullgraph=True)
     return _COMPILED[key]
