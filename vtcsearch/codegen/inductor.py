@@ -244,8 +244,8 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         else:
             aliases[k] = j
     gm = region_graph(g, ops, ins, outs, ctx.device, aliases)
-    opts = inductor_options()
-    compiled = compiled_region(gm, args, mode, opts)
+    name = steps[0] if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
+    compiled, retried = _compile_and_run(gm, args, mode, pre, name)
 
     def run() -> None:
         for p in pre:
@@ -254,16 +254,52 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
         for s in post:
             s()
 
-    from torch._inductor import config as inductor_config
-    with inductor_config.patch(opts):
-        run()   # the build pass: the first call compiles (and autotunes)
-    name = steps[0] if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
-    note = f"{len(steps)} steps" + (f", {len(pre)} gathers, {len(post)} scatters" if pre or post else "")
+    for s in post:
+        s()
+    note = f"{len(steps)} steps" + (f", {len(pre)} gathers, {len(post)} scatters" if pre or post else "") + retried
     launch = Launch(name, "inductor", [], run, note)
     launch.library_copies = sum(x.kernels for x in pre + post)   # type: ignore[attr-defined]
     launch.steps = list(steps)                                   # type: ignore[attr-defined]
     launch.aliases = {outs[k]: ins[j] for k, j in aliases.items()}   # type: ignore[attr-defined]
     return launch
+
+
+# settings that work around an Inductor failure on one region, tried in order: the fusions of its templates
+# (torch 2.13 asserts "wrong ndim" fusing a bmm template with a batch norm over its reshaped output, timm LeViT)
+RETRIES = ({"epilogue_fusion": False, "prologue_fusion": False},)
+
+
+def _compile_and_run(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mode: str, pre: Sequence,
+                     name: str) -> tuple[torch.nn.Module, str]:
+    """Compile region ``name`` and run it once (the build pass: the first call compiles and autotunes), under
+    :func:`inductor_options`.  Where Inductor itself fails on the region, retry under each of :data:`RETRIES`
+    (the region still runs as Inductor's code, without the fusion that failed), and say so in the step's note;
+    when none compiles, one line names the region and Inductor's error."""
+    from torch._dynamo.exc import BackendCompilerFailed
+    from torch._inductor import config as inductor_config
+    base = inductor_options()
+    first: BaseException | None = None
+    for extra in ({}, *RETRIES):
+        opts = {**base, **extra}
+        compiled = compiled_region(gm, args, mode, opts)
+        for p in pre:
+            p()
+        try:
+            with inductor_config.patch(opts):
+                compiled(*args)
+        except BackendCompilerFailed as e:
+            first = first or e
+            continue
+        why = f"; compiled with {extra} (Inductor failed: {_first_line(first)})" if first is not None else ""
+        return compiled, why
+    raise RuntimeError(f"Inductor cannot compile region {name}: {_first_line(first)}") from first
+
+
+def _first_line(e: BaseException | None) -> str:
+    """``Type: first line`` of the error Inductor raised (Dynamo's wrapper names only the backend)."""
+    e = getattr(e, "inner_exception", None) or e
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0] if msg else ''}"[:200]
 
 
 # (region code, argument layouts, mode) -> its torch.compile: the same layer 32 times is compiled once
