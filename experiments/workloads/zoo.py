@@ -393,13 +393,14 @@ def check_case(model: str, *, size: str = "tiny", batch: int = 1, device: str = 
     """Compile zoo case ``model`` with ``vtcsearch.compile`` and compare one call with eager.
 
     Returns a record: ok (outputs and mutated buffers within the dtype's tolerance), error (first line,
-    naming where it failed: build, eager, compile or call), compile_s, kernels, fallbacks (ATen ops run
+    naming where it failed: build, eager, compile or call), compile_s, kernels (vtcsearch's per call), regions
+    (Inductor regions, each running Inductor's own kernels), fallbacks (ATen ops run
     as fallbacks), residual copies made per call (not those folded at build), max_abs_err.
     """
     import vtcsearch
     rec: dict[str, Any] = {"model": model, "library": CASES[model].library, "ok": False, "error": None,
-                           "compile_s": None, "kernels": None, "fallbacks": None, "residual_copies": None,
-                           "max_abs_err": None}
+                           "compile_s": None, "kernels": None, "regions": None, "fallbacks": None,
+                           "residual_copies": None, "max_abs_err": None}
     stage = "build"
     try:
         torch.manual_seed(0)
@@ -418,7 +419,9 @@ def check_case(model: str, *, size: str = "tiny", batch: int = 1, device: str = 
         summ = fast.executable.summary()
         # the copies each call makes: a movement op folded at build (a mask's expand) copies once, not per call
         once = set(summ["folded"])
-        rec.update(kernels=summ["kernels"], fallbacks=sorted(set(map(str, summ["fallbacks"]))),
+        # an Inductor region launches kernels of Inductor's own, which the executable does not count
+        rec.update(kernels=summ["kernels"], regions=summ.get("by_lowering", {}).get("inductor", 0),
+                   fallbacks=sorted(set(map(str, summ["fallbacks"]))),
                    residual_copies=sum(r.op not in once for r in fast.strategy.residuals))
         stage = "call"
         out = fast(*w.example_inputs)
@@ -476,16 +479,24 @@ def check_isolated(model: str, *, size: str = "tiny", timeout_s: float = 900.0, 
             "error": f"crash: process died ({how}) after {time.perf_counter() - t0:.0f} s: {tail[:200]}"}
 
 
+def _kernels(r: dict[str, Any]) -> str:
+    """vtcsearch's kernels per call, and the Inductor regions beside them (each of Inductor's own kernels)."""
+    if r.get("kernels") is None:
+        return ""
+    return f"{r['kernels']} + {r['regions']}" if r.get("regions") else str(r["kernels"])
+
+
 def table(records: list[dict[str, Any]]) -> str:
     """The zoo table in Markdown: every model, pass or FAIL, with its first error line."""
-    lines = ["| model | library | result | compile s | kernels | fallbacks | residual copies | max abs err | error |",
+    lines = ["| model | library | result | compile s | kernels (+ Inductor regions) | fallbacks | residual copies | "
+             "max abs err | error |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         fb = r.get("fallbacks")
         fbs = "" if fb is None else (f"{len(fb)}: {', '.join(fb)}" if fb else "0")
         err = r.get("max_abs_err")
         lines.append(f"| {r['model']} | {r.get('library', '')} | {'pass' if r.get('ok') else 'FAIL'} | "
-                     f"{r.get('compile_s') if r.get('compile_s') is not None else ''} | {r.get('kernels') or ''} | "
+                     f"{r.get('compile_s') if r.get('compile_s') is not None else ''} | {_kernels(r)} | "
                      f"{fbs} | {'' if r.get('residual_copies') is None else r['residual_copies']} | "
                      f"{'' if err is None or (isinstance(err, float) and math.isnan(err)) else f'{err:.2g}'} | "
                      f"{(r.get('error') or '').replace('|', '/')} |")
