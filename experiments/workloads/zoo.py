@@ -317,6 +317,11 @@ CASES: dict[str, ZooCase] = {
     "tv_vit_b_16": ZooCase("torchvision", "vit_b_16", "vision", _tv(lambda: _tvm().vit_b_16(), _vit_tiny)),
     "tv_swin_t": ZooCase("torchvision", "swin_t", "vision", _tv(lambda: _tvm().swin_t(), _swin_tiny)),
     "tv_maxvit_t": ZooCase("torchvision", "maxvit_t", "vision", _tv(lambda: _tvm().maxvit_t(), _maxvit_tiny)),
+    # DenseNet concatenates every layer's features with all earlier ones: the concats virtual tensors remove
+    "tv_densenet121": ZooCase("torchvision", "densenet121", "vision",
+                              _tv(lambda: _tvm().densenet121(),
+                                  lambda: _tvm().DenseNet(growth_rate=8, block_config=(2, 2, 2, 2),
+                                                          num_init_features=16, bn_size=2, num_classes=10))),
     # timm
     "timm_efficientvit_b1": ZooCase("timm", "efficientvit_b1", "vision", _timm(
         "efficientvit_b1", dict(widths=(8, 16, 32, 64, 128), depths=(1, 1, 1, 1, 1), head_dim=8,
