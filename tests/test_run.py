@@ -484,6 +484,19 @@ def test_a_stopped_run_writes_what_it_finished(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGTERM) is not run._interrupt      # the handler is the runner's only
 
 
+def test_settings_that_change_what_is_measured_are_recorded(tmp_path, monkeypatch):
+    """Inductor settings for vtcsearch's regions go into the recorded command, and autotune timings carried from
+    an earlier device call into the notes (its build times leave out that benchmarking)."""
+    _stop_after_the_search(monkeypatch)
+    monkeypatch.setenv("VTC_INDUCTOR_CONFIG", '{"combo_kernels": true}')
+    monkeypatch.setenv("VTC_REUSED_AUTOTUNE", "an earlier device call (1 cache file(s) carried in .autotune/)")
+    out = tmp_path / "o"
+    main([str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"])
+    s = json.loads((out / "summary.json").read_text())
+    assert s["command"].startswith("VTC_INDUCTOR_CONFIG='{\"combo_kernels\": true}' python -m vtcsearch.run ")
+    assert any("reused the GEMM and convolution timings of an earlier device call" in n for n in s["notes"])
+
+
 def test_a_stopped_append_run_keeps_the_earlier_rows_it_did_not_measure(tmp_path, monkeypatch):
     """An --append piece stopped before it measured a case leaves that case's earlier rows in the folder (a
     cut GPU piece dropped Llama 3 8B decode bs 1's measured rows)."""
