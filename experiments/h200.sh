@@ -21,15 +21,23 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/out/inductor-cache VTC_KERNEL_CACHE=$PWD/out/vtc-kernels
-# Inductor's autotune timings (GEMM / conv choices; JSON under its cache dir's cache/, one file per GPU name, Triton
-# and CUDA) come back in $OUT/autotune/; carried back as .autotune/ (copy the files there, carry [".whl",
-# ".autotune"]), a later call skips that benchmarking: YOLO11n bs 16 spent 358 of its 452 s in it on an H100, and
-# the machine's cache is gone after each call.  The runner says so in its notes (VTC_REUSED_AUTOTUNE).
-if ls .autotune/* >/dev/null 2>&1; then
-  mkdir -p out/inductor-cache/cache && cp .autotune/* out/inductor-cache/cache/
-  export VTC_REUSED_AUTOTUNE="an earlier device call ($(ls .autotune | wc -l) cache file(s) carried in .autotune/)"
+# Autotuning results come back in $OUT/autotune/: Inductor's timings of its GEMM / conv choices (inductor/: its local
+# autotune cache, one JSON per GPU name, Triton and CUDA) and vtcsearch's template choices (vtc-tuning.json, for one
+# GPU, torch, Triton and template source).  Copied to .autotune/ (`cp -r FILES_AT/autotune/. .autotune/`) and
+# carried ([".whl", ".autotune"]), they spare a later call the compiling and timing of every candidate: YOLO11n
+# bs 16 spent 358 of its 452 s in Inductor's benchmarking on an H100, and the machine's caches go with it.  The
+# runner says so in its notes (VTC_REUSED_AUTOTUNE).
+export VTC_TUNING_FILE=$PWD/out/vtc-tuning.json
+if ls .autotune/inductor/* .autotune/vtc-tuning.json >/dev/null 2>&1; then
+  mkdir -p out/inductor-cache/cache
+  cp .autotune/inductor/* out/inductor-cache/cache/ 2>/dev/null
+  cp .autotune/vtc-tuning.json out/ 2>/dev/null
+  export VTC_REUSED_AUTOTUNE="an earlier device call (carried in .autotune/)"
 fi
-save_autotune() { mkdir -p "$OUT/autotune" && cp out/inductor-cache/cache/* "$OUT/autotune/" 2>/dev/null; }
+save_autotune() {
+  mkdir -p "$OUT/autotune/inductor" && cp out/inductor-cache/cache/* "$OUT/autotune/inductor/" 2>/dev/null
+  cp out/vtc-tuning.json "$OUT/autotune/" 2>/dev/null; true
+}
 trap save_autotune EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"

@@ -960,3 +960,34 @@ def test_bench_one_conv_and_one_gemm(tmp_path):
         assert all(float(r[c]) > 0 for c in cols), r
         assert r["command"].startswith("python -m vtcsearch.codegen.kernels.bench") and r["machine"] and r["date"]
         assert float(r["max_abs_err"]) < 5e-2
+
+
+def test_tuning_choices_come_back_from_the_tuning_file(tmp_path, monkeypatch):
+    """With ``VTC_TUNING_FILE``, a later process takes the choice made before (no candidate compiled or timed
+    again: what a device call carries to the next), only on the same GPU, torch, Triton and template source."""
+    import triton.testing
+
+    from vtcsearch.codegen.kernels import autotune as at
+    monkeypatch.setattr(at, "interpreting", lambda: False)
+    monkeypatch.setattr(at, "_system", lambda: "a gpu | torch | triton | templates 1")
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, warmup, rep: fn())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    monkeypatch.setenv("VTC_TUNING_FILE", str(tmp_path / "tuning.json"))
+    timed: list[int] = []
+    configs = [{"BLOCK": 16}, {"BLOCK": 32}, {"BLOCK": 64}]
+
+    def run(cfg):
+        def launch():
+            timed.append(cfg["BLOCK"])
+            return abs(cfg["BLOCK"] - 32) + 1.0      # "milliseconds": 32 is fastest
+        return launch
+
+    at.clear_tuning()
+    assert at.autotune("k", configs, run) == {"BLOCK": 32} and timed == [16, 32, 64]
+    at.clear_tuning()                                  # as a new process: the file answers
+    assert at.autotune("k", configs, run) == {"BLOCK": 32} and timed == [16, 32, 64]
+    assert at.autotune("k2", configs[:2], run) == {"BLOCK": 32} and timed[3:] == [16, 32]
+    monkeypatch.setattr(at, "_system", lambda: "another gpu | torch | triton | templates 1")
+    at.clear_tuning()
+    assert at.autotune("k", configs, run) == {"BLOCK": 32} and timed[5:] == [16, 32, 64]
+    at.clear_tuning()

@@ -1071,10 +1071,11 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
                          f"({ctx.oracle.describe().get('hardware', cfg.hardware)} profile), not measured; numerics "
                          f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
     if os.environ.get("VTC_REUSED_AUTOTUNE"):   # set by experiments/h200.sh when it restored Inductor's timings
-        ctx.notes.append(f"Inductor's autotuning reused the GEMM and convolution timings of "
-                         f"{os.environ['VTC_REUSED_AUTOTUNE']} (Inductor's local autotune cache, keyed by GPU name, "
-                         "Triton and CUDA; the same choices for vtcsearch's regions and the torch.compile "
-                         "baselines): build times leave out that benchmarking.")
+        ctx.notes.append(f"Autotuning reused the choices of {os.environ['VTC_REUSED_AUTOTUNE']}: Inductor's GEMM "
+                         "and convolution timings (its local autotune cache, keyed by GPU name, Triton and CUDA; "
+                         "the same for vtcsearch's regions and the torch.compile baselines) and vtcsearch's "
+                         "template choices (same GPU, torch, Triton and template source): build times leave out "
+                         "that compiling and benchmarking.")
     log(f"vtcsearch run {cfg.name}: {cfg.description or cfg.workload.name} | device {device} | oracle "
         f"{ctx.oracle.name} | objective {cfg.objective}" + (" | quick" if quick else ""))
     ctx.run = this_run = {"command": command, "machine": machine(device),
