@@ -1070,7 +1070,7 @@ def run_config(cfg: Config, *, device: str, out: Path, quick: bool = False, comm
         ctx.notes.append(f"No GPU was used: every latency is modelled by the {ctx.oracle.name} cost model "
                          f"({ctx.oracle.describe().get('hardware', cfg.hardware)} profile), not measured; numerics "
                          f"were checked on a {cfg.numerics.size} copy through Triton's CPU interpreter.")
-    if os.environ.get("VTC_REUSED_AUTOTUNE"):   # set by experiments/h200.sh when it restored Inductor's timings
+    if os.environ.get("VTC_REUSED_AUTOTUNE"):   # set by experiments/h200.sh when it restored carried autotuning
         ctx.notes.append(f"Autotuning reused the choices of {os.environ['VTC_REUSED_AUTOTUNE']}: Inductor's GEMM "
                          "and convolution timings (its local autotune cache, keyed by GPU name, Triton and CUDA; "
                          "the same for vtcsearch's regions and the torch.compile baselines) and vtcsearch's "
