@@ -14,8 +14,7 @@ from typing import Callable, Iterable, Sequence
 
 import torch
 
-from ...atomic import write_text
-from .codecache import _LOCK, interpreting, unrecorded
+from .codecache import _LOCK, interpreting, unrecorded, write_atomic
 
 __all__ = ["autotune", "clear_tuning"]
 
@@ -46,7 +45,7 @@ def _file(key: str, cfg: dict) -> None:
     path = os.environ.get("VTC_TUNING_FILE")
     if path:
         _filed()[key] = cfg
-        write_text(path, json.dumps({"system": _system(), "choices": _filed()}, indent=1, sort_keys=True))
+        write_atomic(Path(path), json.dumps({"system": _system(), "choices": _filed()}, indent=1, sort_keys=True))
 
 
 def autotune(key: str, configs: Sequence[dict], run: Callable[[dict], Callable[[], None]],

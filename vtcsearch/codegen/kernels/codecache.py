@@ -57,6 +57,13 @@ _MODULES: dict[str, Any] = {}
 _LOCK = threading.RLock()
 
 
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` in one rename: a reader in another process sees the old file or the new one."""
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def compile_source(name: str, source: str) -> Any:
     """Write ``source`` (a module defining the jit function ``name``) to the cache and import it."""
     source = HEADER.format(name=name) + source
@@ -67,9 +74,7 @@ def compile_source(name: str, source: str) -> Any:
             return getattr(_MODULES[modname], name)
         path = cache_dir() / f"{modname}.py"
         if not path.exists() or path.read_text() != source:
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(source)
-            os.replace(tmp, path)
+            write_atomic(path, source)
         spec = importlib.util.spec_from_file_location(modname, path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules[modname] = mod
