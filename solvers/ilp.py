@@ -603,7 +603,8 @@ def _memory_model(m, acc, trees, maps_of, wvar, region_views=None):
     """Cumulative over storage lifetimes; returns the capacity variable (peak minus constant storages).
 
     A storage no candidate map lands in is left out (never allocated), as the evaluator counts it, and so is a
-    view in an Inductor kernel's region (``region_views``: tensor -> literal, :func:`_region_view_lits`).
+    view in an Inductor kernel's region (``region_views``: tensor -> literal, :func:`_region_view_lits`), which
+    extends its source's life instead.
     """
     region_views = region_views or {}
     horizon = acc.n_steps + 2
@@ -615,6 +616,20 @@ def _memory_model(m, acc, trees, maps_of, wvar, region_views=None):
             for s in acc.map_by_key(t, k).targets():
                 if s in acc.intermediate:
                     lands[s].append((wvar[t, k], a + 1, b + 1))
+    for t, rv in region_views.items():
+        # a region view lands where its (physical) source does and keeps it alive until its reader
+        # (Accounting.peak_bytes); a source that is itself a region view passes it on, when both are
+        a, b = acc.span[t]
+        lit, src = rv, acc.region_view_source(t, (t,))
+        while True:
+            for s in acc.map_by_key(src, acc.key_of(src, PHYS)).targets():
+                if s in acc.intermediate:
+                    lands[s].append((lit, a + 1, b + 1))
+            if src not in region_views:
+                break
+            both = m.new_bool_var("")
+            m.add_bool_or([~lit, ~region_views[src], both])
+            lit, src = both, acc.region_view_source(src, (src,))
     total = 0
     for s in acc.intermediate:
         size = acc.graph.tensors[s].nbytes
