@@ -1469,7 +1469,8 @@ class Accounting:
             if t in self.internal:
                 continue
             if t in skip:
-                targets = maps_targets[self.region_view_source(t, skip)]
+                src = self.region_view_source(t, skip)
+                targets = maps_targets[src] if src is not None else ()
             a, b = self.span[t]
             for s in targets:
                 if s in self.intermediate:
@@ -1486,10 +1487,14 @@ class Accounting:
             diff[hi[s] + 2] -= size
         return int(self.const_bytes + np.cumsum(diff).max())
 
-    def region_view_source(self, t: str, views: Container[str]) -> str:
-        """The tensor a region view ``t`` reads, through the chain of ``views`` above it: where it lands."""
+    def region_view_source(self, t: str, views: Container[str]) -> str | None:
+        """The tensor a region view ``t`` reads, through the chain of ``views`` above it: where it lands (None:
+        nothing, a constant made from no tensor, such as an ``arange``)."""
         while t in views:
-            t = self.graph.ops[self.graph.tensors[t].producer].inputs[0]
+            ins = self.graph.ops[self.graph.tensors[t].producer].inputs
+            if not ins:
+                return None
+            t = ins[0]
         return t
 
 

@@ -16,6 +16,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
+from vtcsearch.core.graph import folded
 from vtcsearch.core.strategy import Strategy
 from vtcsearch.core.vtog import VTOG
 
@@ -319,6 +320,13 @@ class CostOracle:
                 if is_view(op):
                     out += [(t, u.kernel, tuple(cu.tensors + cu.via)) for t in op.outputs
                             if set(g.tensors[t].consumers) <= ops]
+        # a step over constants that realization would fold joins its one reader's region instead, when that
+        # reader runs on Inductor: none of what it makes is held (codegen.inductor.constant_reader)
+        from vtcsearch.codegen.inductor import constant_reader
+        for st in g.steps:
+            if folded(g, st, acc.constants) and (reader := constant_reader(g, st, acc.constants)) is not None:
+                out += [(t, reader, ()) for o in (g.groups[st].ops if st in g.groups else [st])
+                        for t in g.ops[o].outputs]
         return out
 
     def region_views(self, acc: Accounting, trees: Mapping[str, int], impl: Mapping[str, str]) -> set[str]:

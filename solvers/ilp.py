@@ -621,7 +621,7 @@ def _memory_model(m, acc, trees, maps_of, wvar, region_views=None):
         # (Accounting.peak_bytes); a source that is itself a region view passes it on, when both are
         a, b = acc.span[t]
         lit, src = rv, acc.region_view_source(t, (t,))
-        while True:
+        while src is not None:
             for s in acc.map_by_key(src, acc.key_of(src, PHYS)).targets():
                 if s in acc.intermediate:
                     lands[s].append((lit, a + 1, b + 1))

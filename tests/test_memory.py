@@ -147,6 +147,44 @@ def test_kernels_over_constants_fold_at_build_and_cost_nothing_per_call():
                 assert torch.allclose(got, want, rtol=1e-5, atol=1e-5), (impl, (got - want).abs().max())
 
 
+def test_a_kernel_over_constants_read_by_inductor_joins_its_region_instead_of_folding():
+    """Gemma 2's RMSNorm scales by ``1 + w.float()``: a kernel over constants only, folded at build, held for the
+    executable's life (169 fp32 vectors, 2.4 MiB beside torch.compile's activations for whole Gemma 2 9B at bs 16,
+    where torch.compile computes it in the norm's loop).  Read by a group Inductor runs, it joins that group's
+    region and holds nothing; read by vtcsearch's template, it folds as before.  Both equal eager, and the memory
+    model predicts the difference."""
+    import torch.nn as nn
+    from cost_models import AnalyticalOracle
+    from vtcsearch.core.graph import folded
+
+    class Norm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(4096) * 0.1)    # 16 KiB in fp32: under the fold limit
+
+        def forward(self, x):
+            y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return y * (1.0 + self.w.float())
+
+    torch.manual_seed(0)
+    model, x = Norm().eval(), torch.randn(2, 4096)
+    g = capture(model, (x,))
+    v = build_vtog(g)
+    const = constant_tensors(g)
+    (scale,) = [k for k in g.groups if folded(g, k, const)]
+    held = sum(g.tensors[t].nbytes for o in g.groups[scale].ops for t in g.ops[o].outputs)
+    oracle = AnalyticalOracle("H200", implementations=("triton", "inductor"))
+    allocated, predicted = {}, {}
+    for impl, folds in (("inductor", False), ("triton", True)):
+        s = Strategy(v, set(), {k: impl for k in g.groups if k != scale}).validate()
+        exe = realize(g, s, model)
+        assert (scale in exe.folded) == folds, (impl, exe.folded)
+        assert torch.allclose(exe(x)[0], model(x), rtol=1e-5, atol=1e-5)
+        allocated[impl], predicted[impl] = exe.allocated_bytes, oracle.evaluate(s).peak_bytes
+    assert allocated["inductor"] <= allocated["triton"] - held, (allocated, held)
+    assert predicted["inductor"] == predicted["triton"] - held, (predicted, held)   # the memory model agrees
+
+
 @pytest.mark.parametrize("which", ["none", "random", "maximal"])
 def test_reuse_is_bit_identical_and_smaller(layer, which):
     w, g, v = layer

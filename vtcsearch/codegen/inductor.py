@@ -363,8 +363,8 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     group then reads its result from the region, not through the storage, and the region writes whatever
     storage its result maps into where a later step reads it (:func:`region_io`).  A movement op over
     ``constants`` only (a weight's transpose), or a kernel group over constants only (a resize's index
-    arithmetic), runs once, folded at build, and does not cut a region; a view of constants whose one reader is
-    an inductor group joins that group's region instead (:func:`_view_for_inductor`).
+    arithmetic), runs once, folded at build, and does not cut a region; a view of constants, or a kernel group of
+    constants, whose one reader is an inductor group joins that group's region instead (:func:`_for_inductor`).
 
     A copying movement op may also open a region (a later group then fuses it; a region that no group joins
     goes back to copy kernels), and a copying *writeback* (a mutated buffer's new value, stored back) joins
@@ -390,7 +390,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
                 values |= set(graph.ops[name].outputs)
             continue
         if folded(graph, name, constants):
-            if gr is None and _view_for_inductor(graph, strategy, name):
+            if _for_inductor(graph, strategy, name, constants):
                 pending.append(name)                   # joins its consumer's region (below)
             else:
                 # folded once at build: no step at run time.  It reads only constants, so it goes before the open
@@ -399,9 +399,9 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             continue
         ops = gr.ops if gr is not None else [name]
         ins, produced = kernel_io(graph, ops)
-        views = [v for v in pending if set(graph.ops[v].outputs) & set(ins)] if is_inductor else []
+        views = [v for v in pending if set(_step_outputs(graph, v)) & set(ins)] if is_inductor else []
         pending = [v for v in pending if v not in views]
-        inner = values | {t for v in views for t in graph.ops[v].outputs}
+        inner = values | {t for v in views for t in _step_outputs(graph, v)}
         in_place = all(_in_place(strategy, t) for o in ops for t in graph.ops[o].outputs)
         foreign = {s for t in ins if t not in inner for s in storages_of(strategy, t)}
         copies = gr is None and _emittable(graph.ops[name])
@@ -415,7 +415,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             region = [*views, name]
             out.append(region)
             writes, values = set(), set()
-        values |= {t for v in views for t in graph.ops[v].outputs}
+        values |= {t for v in views for t in _step_outputs(graph, v)}
         writes |= {s for t in produced for s in strategy.resolve(t).targets()}
         values |= {t for o in ops for t in graph.ops[o].outputs}
         if not in_place:
@@ -434,18 +434,39 @@ def is_region_step(graph: TensorGraph, strategy: "Strategy", step: str) -> bool:
 VIEWS = frozenset({"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Expand", "Split"})
 
 
-def _view_for_inductor(graph: TensorGraph, strategy: "Strategy", name: str) -> bool:
-    """A view of constants (a weight's transpose) whose one reader is a group Inductor runs: it joins that group's
-    region as a view, so Inductor reads the weight through it (as torch.compile does), instead of a transposed
-    copy of the weight folded at build (which doubles the weights' memory: +15 GB for Llama 3 8B)."""
-    op = graph.ops[name]
-    if op.node is None or op.movement_op is None or op.movement_op.onnx not in VIEWS:
-        return False
-    readers = {c for t in op.outputs for c in graph.tensors[t].consumers}
-    if len(readers) != 1 or any(graph.tensors[t].is_output for t in op.outputs):
-        return False
-    kernel = graph.ops[next(iter(readers))].kernel
-    return kernel is not None and is_region_step(graph, strategy, kernel)
+def _for_inductor(graph: TensorGraph, strategy: "Strategy", name: str, constants: set[str]) -> bool:
+    """A step over constants whose one reader is a group Inductor runs (:func:`constant_reader`): it joins that
+    group's region, so Inductor computes it as it reads it, as torch.compile does, instead of a result folded at
+    build and held for the executable's life."""
+    reader = constant_reader(graph, name, constants)
+    return reader is not None and is_region_step(graph, strategy, reader)
+
+
+def constant_reader(graph: TensorGraph, name: str, constants: set[str]) -> str | None:
+    """The one kernel group (not folded itself) that reads folded step ``name``, where Inductor may compute the
+    step in that group's region: a view of a weight (its transpose: a folded copy doubled the weights' memory,
+    +15 GB for Llama 3 8B), or a kernel group (Gemma 2's RMSNorm scale ``1 + w.float()``: 169 folded fp32
+    vectors, 2.4 MiB beside torch.compile's activations for the whole model at bs 16).  None: it folds."""
+    if name in graph.groups:
+        ops = graph.groups[name].ops
+        if any(graph.ops[o].node is None for o in ops):
+            return None
+    else:
+        op = graph.ops[name]
+        if op.node is None or op.movement_op is None or op.movement_op.onnx not in VIEWS:
+            return None
+        ops = [name]
+    outs = _step_outputs(graph, name)
+    readers = {graph.ops[c].kernel for t in outs for c in graph.tensors[t].consumers if c not in ops}
+    if len(readers) != 1 or any(graph.tensors[t].is_output for t in outs):
+        return None
+    reader = next(iter(readers))
+    return reader if reader in graph.groups and not folded(graph, reader, constants) else None
+
+
+def _step_outputs(graph: TensorGraph, step: str) -> list[str]:
+    """The tensors a step (a kernel group or a movement op) makes."""
+    return [t for o in (graph.groups[step].ops if step in graph.groups else [step]) for t in graph.ops[o].outputs]
 
 
 def _emittable(op) -> bool:
