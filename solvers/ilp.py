@@ -611,6 +611,8 @@ def _memory_model(m, acc, trees, maps_of, wvar, region_views=None):
     intervals, demands = [], []
     lands: dict[str, list[tuple[Any, int, int]]] = defaultdict(list)   # storage -> (lit, start, end)
     for t in acc.graph.tensors:
+        if t in acc.internal:   # a value inside one kernel, never stored (as Accounting.peak_bytes counts it)
+            continue
         a, b = acc.span[t]
         for k in maps_of(t):
             for s in acc.map_by_key(t, k).targets():

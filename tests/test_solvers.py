@@ -359,7 +359,7 @@ def test_ilp_memory_model_storage_without_candidates():
     tensors = {"a": SimpleNamespace(nbytes=100), "dead": SimpleNamespace(nbytes=1000)}
     maps = {("a", "phys:a"): Map(["a"]), ("dead", "phys:dead"): Map(["a"])}
     acc = SimpleNamespace(n_steps=2, graph=SimpleNamespace(tensors=tensors), span={"a": (0, 1), "dead": (1, 2)},
-                          intermediate={"a", "dead"}, nodes=set(),
+                          intermediate={"a", "dead"}, nodes=set(), internal=set(),
                           map_by_key=lambda t, k: maps[t, k], key_of=lambda t, k: f"phys:{t}")
     m = cp_model.CpModel()
     wvar = {("a", "phys:a"): 1, ("dead", "phys:dead"): 1}
