@@ -154,7 +154,8 @@ def test_a_kernel_over_constants_read_by_inductor_joins_its_region_instead_of_fo
     region and holds nothing; read by vtcsearch's template, it folds as before.  Both equal eager, and the memory
     model predicts the difference."""
     import torch.nn as nn
-    from cost_models import AnalyticalOracle
+    from cost_models import AnalyticalOracle, Objective
+    from solvers import get_solver
     from vtcsearch.core.graph import folded
 
     class Norm(nn.Module):
@@ -185,8 +186,6 @@ def test_a_kernel_over_constants_read_by_inductor_joins_its_region_instead_of_fo
     assert predicted["inductor"] == predicted["triton"] - held, (predicted, held)   # the memory model agrees
     # and so does the ILP's, which minimising memory puts the norm on Inductor (it counted the norm's values
     # inside its one kernel, never stored, as buffers: 64 KiB here)
-    from cost_models import Objective
-    from solvers import get_solver
     res = get_solver("ilp")(v, AnalyticalOracle("H200", implementations=("triton", "inductor"),
                                                 objective=Objective.memory()))
     assert res.peak_bytes == predicted["inductor"] == oracle.accounting(v).const_bytes + res.info["model_objective"]
