@@ -16,7 +16,7 @@ import weakref
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
-from vtcsearch.core.graph import folded
+from vtcsearch.core.graph import folded, step_outputs
 from vtcsearch.core.strategy import Strategy
 from vtcsearch.core.vtog import VTOG
 
@@ -325,8 +325,7 @@ class CostOracle:
         from vtcsearch.codegen.inductor import constant_reader
         for st in g.steps:
             if folded(g, st, acc.constants) and (reader := constant_reader(g, st, acc.constants)) is not None:
-                out += [(t, reader, ()) for o in (g.groups[st].ops if st in g.groups else [st])
-                        for t in g.ops[o].outputs]
+                out += [(t, reader, ()) for t in step_outputs(g, st)]
         return out
 
     def region_views(self, acc: Accounting, trees: Mapping[str, int], impl: Mapping[str, str]) -> set[str]:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.graph import TensorGraph, folded, kernel_io, written_back_within
+from ..core.graph import TensorGraph, folded, kernel_io, step_outputs, written_back_within
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
@@ -399,9 +399,9 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             continue
         ops = gr.ops if gr is not None else [name]
         ins, produced = kernel_io(graph, ops)
-        views = [v for v in pending if set(_step_outputs(graph, v)) & set(ins)] if is_inductor else []
+        views = [v for v in pending if set(step_outputs(graph, v)) & set(ins)] if is_inductor else []
         pending = [v for v in pending if v not in views]
-        inner = values | {t for v in views for t in _step_outputs(graph, v)}
+        inner = values | {t for v in views for t in step_outputs(graph, v)}
         in_place = all(_in_place(strategy, t) for o in ops for t in graph.ops[o].outputs)
         foreign = {s for t in ins if t not in inner for s in storages_of(strategy, t)}
         copies = gr is None and _emittable(graph.ops[name])
@@ -415,7 +415,7 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
             region = [*views, name]
             out.append(region)
             writes, values = set(), set()
-        values |= {t for v in views for t in _step_outputs(graph, v)}
+        values |= {t for v in views for t in step_outputs(graph, v)}
         writes |= {s for t in produced for s in strategy.resolve(t).targets()}
         values |= {t for o in ops for t in graph.ops[o].outputs}
         if not in_place:
@@ -456,17 +456,12 @@ def constant_reader(graph: TensorGraph, name: str, constants: set[str]) -> str |
         if op.node is None or op.movement_op is None or op.movement_op.onnx not in VIEWS:
             return None
         ops = [name]
-    outs = _step_outputs(graph, name)
+    outs = step_outputs(graph, name)
     readers = {graph.ops[c].kernel for t in outs for c in graph.tensors[t].consumers if c not in ops}
     if len(readers) != 1 or any(graph.tensors[t].is_output for t in outs):
         return None
     reader = next(iter(readers))
     return reader if reader in graph.groups and not folded(graph, reader, constants) else None
-
-
-def _step_outputs(graph: TensorGraph, step: str) -> list[str]:
-    """The tensors a step (a kernel group or a movement op) makes."""
-    return [t for o in (graph.groups[step].ops if step in graph.groups else [step]) for t in graph.ops[o].outputs]
 
 
 def _emittable(op) -> bool:

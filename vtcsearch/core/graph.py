@@ -224,9 +224,13 @@ def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES, by_
 def folded(graph: TensorGraph, step: str, const: set[str]) -> bool:
     """Whether ``step`` (a movement op or a kernel group) is folded at build: every tensor it makes is a
     constant (:func:`constant_tensors`)."""
-    ops = graph.groups[step].ops if step in graph.groups else [step]
-    outs = [t for o in ops for t in graph.ops[o].outputs]
+    outs = step_outputs(graph, step)
     return bool(outs) and all(t in const for t in outs)
+
+
+def step_outputs(graph: TensorGraph, step: str) -> list[str]:
+    """The tensors a step (a kernel group or a movement op) makes, its ops' intermediates included."""
+    return [t for o in (graph.groups[step].ops if step in graph.groups else [step]) for t in graph.ops[o].outputs]
 
 
 def written_back_within(g: TensorGraph, t: str, ops: set[str] | frozenset[str]) -> bool:

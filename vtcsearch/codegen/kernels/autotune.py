@@ -6,6 +6,7 @@ and time every candidate of every template again (``experiments/h200.sh`` carrie
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -23,8 +24,10 @@ _TUNED: dict[str, int] = {}
 _FILED: dict[str, dict] | None = None     # the choices of VTC_TUNING_FILE, read once
 
 
+@functools.lru_cache(maxsize=1)
 def _system() -> str:
-    """What a filed choice holds for besides its key: the GPU, torch, Triton and the templates' source."""
+    """What a filed choice holds for besides its key: the GPU, torch, Triton and the templates' source (once per
+    process: every choice filed asks)."""
     import triton
     src = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(Path(__file__).parent.glob("*.py"))))
     return f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__} | " \
@@ -88,8 +91,6 @@ def autotune(key: str, configs: Sequence[dict], run: Callable[[dict], Callable[[
         _TUNED[key] = best
         _file(key, configs[best])
     return configs[best]
-
-
 
 
 def clear_tuning() -> None:
