@@ -359,6 +359,14 @@ class AnalyticalOracle(CostOracle):
         else:
             t_serial, body = 0.0, max(self._t_dram(dense), full / peak if full else 0.0)
         t_call = body + hw.kernel_s
+        if library_op(g, group) is not None and group.kind != "attention":
+            # max-autotune times the library's kernel (cuBLAS, cuDNN) among its choices and keeps the faster,
+            # so Inductor's GEMM or convolution never costs more than the library call and its epilogue kernel
+            # on the same operands (EfficientViT's depthwise convs, priced above the library, went to cuDNN
+            # outside Inductor's regions: they cut them, and ran 0.84x of torch.compile on an H100)
+            lib = self._library(spec).detail
+            if lib["t_call"] + lib["t_epilogue"] < t_call + t_ep:
+                t_call, t_ep, t_serial = lib["t_call"], lib["t_epilogue"], lib["t_serial"]
         return UnitCost(t_copy + t_call + t_ep, bytes=dense, flops=spec.flops,
                         detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call,
                                 "t_epilogue": t_ep, "t_serial": t_serial})

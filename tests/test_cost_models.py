@@ -268,6 +268,44 @@ def test_an_inductor_conv_runs_its_epilogue_as_a_kernel_of_its_own():
     assert rows[fused[0]]["seconds"] == pytest.approx(rows[fused[0]]["t_call"] + rows[fused[0]]["t_epilogue"])
 
 
+def test_inductor_is_never_priced_above_the_library_it_autotunes_against():
+    """max-autotune times cuBLAS / cuDNN among its choices: an Inductor GEMM or conv group costs at most the
+    library call and its epilogue.  EfficientViT's depthwise convs were priced above the library's and went to
+    cuDNN outside Inductor's regions, cutting them (0.84x of torch.compile on an H100); the tie now goes to
+    Inductor, first in the order of preference."""
+    import torch.nn as nn
+    from vtcsearch.core.capture import capture
+    from solvers import get_solver
+    from vtcsearch.core.implementation import library_op
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pw, self.dw = nn.Conv2d(16, 64, 1), nn.Conv2d(64, 64, 3, padding=1, groups=64)
+            self.bn, self.lin = nn.BatchNorm2d(64), nn.Linear(64, 32)
+
+        def forward(self, x):
+            y = nn.functional.hardswish(self.bn(self.dw(self.pw(x).relu())))
+            return self.lin(y.mean((2, 3))).relu()
+
+    v = build_vtog(capture(M().eval(), (torch.randn(1, 16, 256, 256),)))
+    g = v.graph
+    oracle = AnalyticalOracle("H200", implementations=("inductor", "library", "triton"))
+    lib = [u for u in g.groups if library_op(g, g.groups[u]) is not None]
+    assert {g.groups[u].kind for u in lib} == {"conv", "matmul"} and len(lib) == 3
+
+    def seconds(impl: str) -> dict[str, float]:
+        s = Strategy(v, [], {u: impl for u in lib})
+        return {r["unit"]: r["seconds"] for r in oracle.evaluate(s).rows if r["unit"] in lib}
+
+    ind, libs = seconds("inductor"), seconds("library")
+    assert all(ind[u] <= libs[u] * (1 + 1e-12) for u in lib)
+    dw = next(u for u in lib if g.ops[g.groups[u].ops[0]].node.args[1].meta["val"].shape[1] == 1)
+    assert ind[dw] == pytest.approx(libs[dw])      # the library's cuDNN call is Inductor's pick here
+    picked = get_solver("none")(v, oracle).strategy
+    assert picked.implementation(dw) == "inductor"
+
+
 def test_gather_maps_are_costed():
     """A map through a runtime index tensor (Gather, paged caches) gets finite traffic and index overhead."""
     from vtcsearch.core.expr import lookup
