@@ -6,8 +6,9 @@
 
 ``greedy`` (the paper's global greedy), ``ilp`` (CP-SAT, exact for the
 oracle), ``optuna`` (TPE or random sampling, SQLite-resumable), ``exhaustive``
-(ground truth for small VTOGs), ``none`` (all physical) and ``all`` (every
-Type I option).  The searching solvers run through :mod:`solvers.decompose`
+(ground truth for small VTOGs), ``none`` (all physical), ``inductor`` (all
+physical, every group Inductor's: torch.compile's program, the guard's second
+reference) and ``all`` (every Type I option).  The searching solvers run through :mod:`solvers.decompose`
 (independent parts separately, repeated parts once; ``decompose=False`` turns it off).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Callable
 
 from .base import SolveResult, SolverRefused, SolverStatus
 
-_MODULES = {"none": "none", "all": "all", "greedy": "greedy", "ilp": "ilp", "optuna": "optuna_search",
+_MODULES = {"none": "none", "inductor": "inductor", "all": "all", "greedy": "greedy", "ilp": "ilp", "optuna": "optuna_search",
             "exhaustive": "exhaustive"}
 
 

@@ -1258,6 +1258,30 @@ def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_fas
     assert set(us) == {"kept", "again"} and min(us.values()) > 0
 
 
+def test_compile_guard_keeps_torch_compiles_program_where_it_is_fastest(monkeypatch):
+    """With Inductor allowed, the guard also times the all-Inductor executable (the ``inductor`` solver's, what
+    torch.compile runs) and keeps it where it measures fastest: never slower than torch.compile."""
+    import vtcsearch.api as api
+    torch.manual_seed(0)
+    m = Small().eval()
+    x, y = torch.randn(4, 16), torch.randn(1, 16)
+    with torch.no_grad():
+        ref = m(x, y)
+    timed = []
+
+    def fake(exes, model, inputs, cuda_graph):
+        timed.append(sorted(exes))
+        return {"search": 200.0, "none": 150.0, "inductor": 100.0}
+
+    monkeypatch.setattr(api, "time_executables", fake)
+    fast = vtcsearch.compile(m, (x, y), solver="ilp", guard=True, implementations=("triton", "inductor"))
+    assert timed == [["inductor", "none", "search"]] or timed == [["inductor", "search"]], timed
+    assert fast.guard["kept"] == "inductor" and fast.result.solver == "inductor"
+    assert not fast.strategy.edges and set(fast.strategy.impl.values()) == {"inductor"}
+    for o, r in zip(fast(x, y), ref):
+        torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name, movement", [
     ("triton_poi_fused_clone_0", True),                                  # Inductor: a fused copy only
     ("triton_poi_fused_cat_3", True),
@@ -1426,8 +1450,16 @@ def test_measured_guard_times_the_pick_against_none(monkeypatch):
     assert rec == {"solver": "ilp", "search_us": 110.0, "none_us": 100.0, "kept": "none"}
     assert measured_guard(ctx, ready, "none", lambda: None) is None          # nothing to guard
     assert measured_guard(ctx, {"vtc_ilp": ready["vtc_ilp"]}, "ilp", lambda: None) is None   # none not built
-    assert measured_guard(ctx, ready, "ilp", lambda: None, same=True)["kept"] == "ilp"
+    assert measured_guard(ctx, ready, "ilp", lambda: None, same=["none"])["kept"] == "ilp"
     assert len(timed) == 1
+    # with the all-Inductor reference built too (torch.compile's program), the fastest of the three is kept
+    ready["vtc_inductor"] = (lambda: None, True)
+    monkeypatch.setattr(timing, "bench_side_by_side", lambda ready, rounds: {
+        k: SimpleNamespace(median_us={"vtc_ilp": 110.0, "vtc_none": 100.0, "vtc_inductor": 90.0}[k]) for k in ready})
+    rec = measured_guard(ctx, ready, "ilp", lambda: None)
+    assert rec == {"solver": "ilp", "search_us": 110.0, "none_us": 100.0, "inductor_us": 90.0, "kept": "inductor"}
+    assert measured_guard(ctx, ready, "ilp", lambda: None, same=["none"])["kept"] == "inductor"
+    assert measured_guard(ctx, ready, "inductor", lambda: None) is None
 
 
 def test_measure_top_reaches_the_profiling_oracle_and_not_an_analytical_entry(tmp_path):

@@ -49,7 +49,7 @@ def workload_vtogs():
 
 
 def test_registry():
-    assert set(SOLVERS) == {"none", "all", "greedy", "ilp", "optuna", "exhaustive"} and len(SOLVERS) == 6
+    assert set(SOLVERS) == {"none", "inductor", "all", "greedy", "ilp", "optuna", "exhaustive"} and len(SOLVERS) == 7
     with pytest.raises(ValueError):
         get_solver("annealing")
 
@@ -180,8 +180,8 @@ def test_every_solver_valid_everywhere(exact_vtogs, workload_vtogs):
         for name in SOLVERS:
             try:
                 r = get_solver(name)(v, oracle, budget=20 if name in ("optuna", "ilp") else None)
-            except SolverRefused as e:
-                assert name == "exhaustive" and "ilp" in str(e)
+            except SolverRefused as e:      # exhaustive: too large; inductor: a Triton-only oracle
+                assert (name == "exhaustive" and "ilp" in str(e)) or (name == "inductor" and "inductor" in str(e))
                 continue
             r.strategy.validate()
             assert math.isfinite(r.objective) and r.wall_s >= 0 and r.trace
@@ -192,6 +192,23 @@ def test_every_solver_valid_everywhere(exact_vtogs, workload_vtogs):
                 assert all(e.cls == EdgeClass.TYPE_I for es in r.strategy.chosen.values() for e in es)
             if name in ("ilp", "exhaustive"):
                 assert r.objective <= base + _tol(base), (label, name)
+
+
+def test_the_inductor_reference_is_torch_compiles_program():
+    """``inductor``: nothing virtual and every group Inductor's where it can run (the guard's second reference);
+    refused by an oracle that leaves Inductor out."""
+    from vtcsearch.core.capture import capture
+    from vtcsearch.core.implementation import INDUCTOR, inductor_can_run
+    v = build_vtog(capture(Branches().eval(), (torch.randn(8, 32), torch.randn(32, 16),
+                                                *[torch.randn(32, 32) for _ in range(2)])))
+    g = v.graph
+    r = get_solver("inductor")(v, AnalyticalOracle("H200", implementations=("triton", "library", "inductor")))
+    r.strategy.validate()
+    assert not r.strategy.virtual and r.status == "reference"
+    assert {n: r.strategy.implementation(n) for n in g.groups} == \
+        {n: INDUCTOR for n, gr in g.groups.items() if inductor_can_run(g, gr)} and g.groups
+    with pytest.raises(SolverRefused, match="inductor"):
+        get_solver("inductor")(v, AnalyticalOracle("H200"))
 
 
 def test_exhaustive_refuses_large():

@@ -57,7 +57,7 @@ class Compiled:
         self._constants = [(k, a) for k, a in enumerate(example_inputs) if not isinstance(a, torch.Tensor)]
         self.strategy = result.strategy
         self.executable = executable
-        self.guard: dict[str, Any] | None = None   # compile(guard=...): the two measured times and which was kept
+        self.guard: dict[str, Any] | None = None   # compile(guard=...): the measured times and which was kept
         self._call = executable.cuda_graph() if cuda_graph else executable
         self._specs = [graph.tensors[n] for n in graph.inputs]
         ep = graph.exported
@@ -169,10 +169,11 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
     ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper;
     adding ``"inductor"`` lets it hand groups to TorchInductor, merged into one compiled region
-    wherever no virtual tensor separates them); ``guard``: time the search's executable beside the one
-    without virtual tensors (the ``none`` solver's: each group in its cheapest implementation) and keep the
-    faster, so a mispriced strategy never makes the model slower than compiling it without virtual tensors
-    (default: on for a CUDA model; ``Compiled.guard`` records both times); ``prologues``: fold a row norm
+    wherever no virtual tensor separates them); ``guard``: time the search's executable beside those
+    without virtual tensors (the ``none`` solver's: each group in its cheapest implementation; with Inductor
+    allowed, the ``inductor`` solver's: every group Inductor's, torch.compile's program) and keep the fastest, so
+    a mispriced strategy never makes the model slower than compiling it without virtual tensors (default: on for
+    a CUDA model; ``Compiled.guard`` records the times); ``prologues``: fold a row norm
     into the decode GEMM that reads it (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search
     the graph both ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`);
     ``hfuse``: merge the GEMMs that read the same activation with constant weights (Q/K/V, gate/up) into one
@@ -224,7 +225,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
         result.strategy.validate()
         exe = realize(graph, result.strategy, model)
         record = None
-        if (dev.type == "cuda" if guard is None else guard) and solver != "none":
+        if (dev.type == "cuda" if guard is None else guard) and solver not in ("none", "inductor"):
             result, exe, record = _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed,
                                                   cuda_graph)
     compiled = Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)
@@ -255,18 +256,26 @@ def time_executables(exes: dict[str, Any], model: torch.nn.Module, example_input
 
 
 def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed, cuda_graph):
-    """(result, executable, record): the search's, or the all-physical one's where that measures faster."""
+    """(result, executable, record): the search's, or a reference's where that measures faster: ``none`` (no
+    virtual tensors, each group in its cheapest implementation) and, where the oracle allows Inductor,
+    ``inductor`` (no virtual tensors, every group Inductor's: torch.compile's program), so a mispriced kernel
+    never makes the model slower than torch.compile either."""
     from solvers import get_solver
+    from vtcsearch.core.implementation import INDUCTOR
 
     from .codegen.realize import realize
-    ref = get_solver("none")(vtog, oracle, seed=seed)
-    if set(ref.strategy.edges) == set(result.strategy.edges) and ref.strategy.impl == result.strategy.impl:
+    names = ["none"] + (["inductor"] if INDUCTOR in oracle.implementations else [])
+    refs = {n: get_solver(n)(vtog, oracle, seed=seed) for n in names}
+    refs = {n: r for n, r in refs.items() if not (set(r.strategy.edges) == set(result.strategy.edges)
+                                                   and r.strategy.impl == result.strategy.impl)}
+    if not refs:
         return result, exe, {"search_us": None, "none_us": None, "kept": "search (same as none)"}
-    ref_exe = realize(graph, ref.strategy, model)
-    us = time_executables({"search": exe, "none": ref_exe}, model, example_inputs, cuda_graph=cuda_graph)
-    found_us, none_us = us["search"], us["none"]
-    record = {"search_us": found_us, "none_us": none_us, "kept": "search" if found_us <= none_us else "none"}
-    if found_us <= none_us:
+    exes = {"search": exe, **{n: realize(graph, r.strategy, model) for n, r in refs.items()}}
+    us = time_executables(exes, model, example_inputs, cuda_graph=cuda_graph)
+    kept = min(us, key=lambda k: (us[k], k != "search"))      # ties: the search's pick
+    record = {"search_us": us["search"], **{f"{n}_us": us[n] for n in refs}, "kept": kept}
+    if kept == "search":
         return result, exe, record
+    ref = refs[kept]
     ref.info["guard"] = record
-    return ref, ref_exe, record
+    return ref, exes[kept], record

@@ -748,9 +748,10 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
         guard = case["guard"] = gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows,
                                               unit_floors, case["best_solver"])
         if guard and guard["kept"] != guard["solver"]:
-            ctx.notes.append(f"case {label} bs{batch}: the guard kept vtc_none ({guard['none_us']:.1f} us) over "
-                             f"{variant_name(guard['solver'])} ({guard['search_us']:.1f} us), as vtcsearch.compile "
-                             f"would; the evaluation reports vtc_none for it")
+            kept = variant_name(guard["kept"])
+            ctx.notes.append(f"case {label} bs{batch}: the guard kept {kept} ({guard[guard['kept'] + '_us']:.1f} us) "
+                             f"over {variant_name(guard['solver'])} ({guard['search_us']:.1f} us), as "
+                             f"vtcsearch.compile would; the evaluation reports {kept} for it")
     else:
         cpu_numerics(ctx, params, full_params, batch, label, results, rows, numerics_cache, numerics_rows)
         for name in cfg.baselines:
@@ -920,8 +921,8 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     except RunInterrupted:      # stopped mid-case (a deadline): what was built is still timed, and kept
         time_side_by_side(ctx, ready, by_variant, restore)
         raise
-    same = best in results and "none" in results and not isinstance(results["none"], tuple) and \
-        results[best].strategy == results["none"].strategy
+    same = [r for r in GUARD_REFERENCES if best in results and r in results and not isinstance(results[r], tuple)
+            and results[best].strategy == results[r].strategy]
     try:
         guard = measured_guard(ctx, ready, best, restore, same)
     except RunInterrupted:      # the deadline came while guarding: the report's timing still runs
@@ -936,31 +937,49 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     return guard
 
 
+GUARD_REFERENCES = ("none", "inductor")   # the strategies without virtual tensors the guard times the pick against
+
+
 def measured_guard(ctx: RunContext, ready: dict[str, tuple[Any, bool]], best: str | None,
-                   restore: Callable[[], None], same: bool = False) -> dict[str, Any] | None:
-    """``vtcsearch.compile``'s guard, in the runner: the search's pick ``best`` and ``none`` (no virtual tensors,
-    each group in its cheapest implementation) timed against each other, apart from the side-by-side timing
-    that the report shows; the faster is the case's vtcsearch result (the case's ``guard``).  A mispriced
-    strategy then costs what compiling without virtual tensors costs, as it does for a user.  None: nothing
-    to guard (the pick is ``none``, or either was not built)."""
+                   restore: Callable[[], None], same: Sequence[str] = ()) -> dict[str, Any] | None:
+    """``vtcsearch.compile``'s guard, in the runner: the search's pick ``best`` and the references built (``none``:
+    no virtual tensors, each group in its cheapest implementation; ``inductor``: no virtual tensors, every group
+    Inductor's, torch.compile's program) timed against each other, apart from the side-by-side timing that the
+    report shows; the fastest is the case's vtcsearch result (the case's ``guard``).  A mispriced strategy then
+    costs what compiling without virtual tensors costs, as it does for a user.  ``same``: the references whose
+    strategy is the pick's (nothing to time).  None: nothing to guard (the pick is a reference, or none was
+    built)."""
     from vtcsearch.codegen.timing import bench_side_by_side
-    a, b = variant_name(best) if best else None, variant_name("none")
-    if best in (None, "none") or a not in ready or b not in ready:
+    a = variant_name(best) if best else None
+    built = [r for r in GUARD_REFERENCES if variant_name(r) in ready]
+    if best in (None, *GUARD_REFERENCES) or a not in ready or not built:
         return None
-    if same:
-        return guard_record(best, None, None)
-    times = bench_side_by_side({a: ready[a], b: ready[b]}, rounds=ctx.cfg.timing_rounds)
+    refs = [r for r in built if r not in same]
+    if not refs:
+        return guard_record(best, None)
+    times = bench_side_by_side({v: ready[v] for v in [a, *map(variant_name, refs)]}, rounds=ctx.cfg.timing_rounds)
     restore()
-    rec = guard_record(best, *(None if isinstance(times[k], Exception) else times[k].median_us for k in (a, b)))
-    us = {k: "-" if rec[k] is None else f"{rec[k]:.1f}" for k in ("search_us", "none_us")}
-    ctx.log(f"   guard: {a} {us['search_us']} us, vtc_none {us['none_us']} us: kept {variant_name(rec['kept'])}")
+    us = {v: None if isinstance(t, Exception) else t.median_us for v, t in times.items()}
+    rec = guard_record(best, us[a], **{f"{r}_us": us[variant_name(r)] for r in refs})
+    shown = ", ".join(f"{variant_name(k)} {'-' if us[variant_name(k)] is None else f'{us[variant_name(k)]:.1f}'} us"
+                      for k in [best, *refs])
+    ctx.log(f"   guard: {shown}: kept {variant_name(rec['kept'])}")
     return rec
 
 
-def guard_record(best: str, search_us: float | None, none_us: float | None) -> dict[str, Any]:
-    """Which of the search's pick and ``none`` the guard keeps: ``none`` only where it measured faster."""
-    kept = "none" if search_us is not None and none_us is not None and none_us < search_us else best
-    return {"solver": best, "search_us": search_us, "none_us": none_us, "kept": kept}
+def guard_record(best: str, search_us: float | None, none_us: float | None = None,
+                 inductor_us: float | None = None) -> dict[str, Any]:
+    """Which of the search's pick and the references the guard keeps: the fastest reference only where it measured
+    faster than the pick (``inductor_us`` is recorded where that reference was timed)."""
+    rec: dict[str, Any] = {"solver": best, "search_us": search_us, "none_us": none_us}
+    if inductor_us is not None:
+        rec["inductor_us"] = inductor_us
+    timed = {r: t for r, t in (("none", none_us), ("inductor", inductor_us)) if t is not None}
+    kept = best
+    if search_us is not None and timed:
+        fastest = min(timed, key=timed.__getitem__)
+        kept = fastest if timed[fastest] < search_us else best
+    return {**rec, "kept": kept}
 
 
 def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_variant: dict[str, dict[str, Any]],
