@@ -22,8 +22,8 @@ Conventions (from the runner): ``measured_peak_bytes`` is what a variant needs *
 parameters and buffers (``run_variant``), so a case's total peak is ``model_bytes + measured_peak_bytes``
 and the activation peak is ``measured_peak_bytes``.  vtcsearch's number is the case's ``best_solver`` (the
 search's pick, chosen before anything was measured), not the fastest of its measured strategies; where the run
-guarded that pick as ``vtcsearch.compile`` does (the case's ``guard``: the pick and ``none`` timed against each
-other apart from the reported timing), it is the strategy the guard kept.
+guarded that pick as ``vtcsearch.compile`` does (the case's ``guard``: the pick, ``none`` and ``inductor`` timed
+against each other apart from the reported timing), it is the strategy the guard kept.
 """
 from __future__ import annotations
 
