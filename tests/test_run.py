@@ -1258,6 +1258,28 @@ def test_compile_guard_keeps_the_faster_of_search_and_none(monkeypatch, none_fas
     assert set(us) == {"kept", "again"} and min(us.values()) > 0
 
 
+def test_a_strategy_two_solvers_share_is_built_and_timed_once(monkeypatch):
+    """The side-by-side timing fills the row of a solver whose strategy an earlier solver's repeats (``inductor``
+    is ``none`` wherever the model prices every group cheapest on Inductor) from that row: one build, one timing."""
+    from types import SimpleNamespace
+    import vtcsearch.codegen.timing as timing
+    from vtcsearch.run import time_side_by_side
+    timed = []
+
+    def fake_bench(ready, rounds):
+        timed.append(sorted(ready))
+        return {k: SimpleNamespace(median_us=100.0, p20_us=99.0, p80_us=101.0, samples=5) for k in ready}
+
+    monkeypatch.setattr(timing, "bench_side_by_side", fake_bench)
+    ctx = SimpleNamespace(cfg=SimpleNamespace(timing_rounds=3), log=lambda *a: None)
+    rows = {v: {"variant": v, "kind": "vtcsearch"} for v in ("vtc_none", "vtc_inductor")}
+    rows["vtc_none"].update(status="ok", kernels=12, numerics_ok=True)
+    time_side_by_side(ctx, {"vtc_none": (lambda: None, True)}, rows, lambda: None, {"inductor": "none"})
+    assert timed == [["vtc_none"]]
+    assert rows["vtc_inductor"]["measured_latency_us"] == 100.0 and rows["vtc_inductor"]["status"] == "ok"
+    assert rows["vtc_inductor"]["kernels"] == 12 and "vtc_none" in rows["vtc_inductor"]["reason"]
+
+
 def test_compile_guard_keeps_torch_compiles_program_where_it_is_fastest(monkeypatch):
     """With Inductor allowed, the guard also times the all-Inductor executable (the ``inductor`` solver's, what
     torch.compile runs) and keeps it where it measures fastest: never slower than torch.compile."""

@@ -852,9 +852,16 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             variants.append(Variant(name, None, skipped=QUICK_SKIPS[name]))
         else:
             variants += baseline_variants(model, inputs, [name])
+    twins: dict[str, str] = {}          # solver -> the earlier one with the same strategy, built and timed once
+    built: list[str] = []
     for name, res in results.items():
         if isinstance(res, tuple):
             continue
+        twin = next((n for n in built if results[n].strategy == res.strategy), None)
+        if twin is not None:    # ``inductor`` is often ``none`` (an LLM's groups all priced cheapest on Inductor)
+            twins[name] = twin
+            continue
+        built.append(name)
 
         def build(name=name, s=res.strategy):
             # realized inside build, so the variant's peak memory counts its own storages
@@ -919,16 +926,18 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
                         + (f" {rec['error']}" if rec.get("error") else ""))
                 step(var.name)
     except RunInterrupted:      # stopped mid-case (a deadline): what was built is still timed, and kept
-        time_side_by_side(ctx, ready, by_variant, restore)
+        time_side_by_side(ctx, ready, by_variant, restore, twins)
         raise
     same = [r for r in GUARD_REFERENCES if best in results and r in results and not isinstance(results[r], tuple)
             and results[best].strategy == results[r].strategy]
+    # a pick whose strategy an earlier solver's repeats is guarded as that one's build
+    as_built = {**ready, **{variant_name(n): ready[variant_name(t)] for n, t in twins.items() if variant_name(t) in ready}}
     try:
-        guard = measured_guard(ctx, ready, best, restore, same)
+        guard = measured_guard(ctx, as_built, best, restore, same)
     except RunInterrupted:      # the deadline came while guarding: the report's timing still runs
-        time_side_by_side(ctx, ready, by_variant, restore)
+        time_side_by_side(ctx, ready, by_variant, restore, twins)
         raise
-    time_side_by_side(ctx, ready, by_variant, restore)
+    time_side_by_side(ctx, ready, by_variant, restore, twins)
     exes.clear()
     ready.clear()
     torch.cuda.empty_cache()
@@ -937,6 +946,10 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     return guard
 
 
+# what a solver's row takes from the row of the earlier solver whose strategy it repeats (gpu_benchmark)
+TWIN_FIELDS = ("status", "measured_latency_us", "measured_p20_us", "measured_p80_us", "timing_rounds",
+               "measured_peak_bytes", "executable_bytes", "kernels", "movement_kernels", "movement_us", "compute_us",
+               "fallbacks", "build_s", "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err")
 GUARD_REFERENCES = ("none", "inductor")   # the strategies without virtual tensors the guard times the pick against
 
 
@@ -983,14 +996,14 @@ def guard_record(best: str, search_us: float | None, none_us: float | None = Non
 
 
 def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_variant: dict[str, dict[str, Any]],
-                      restore: Callable[[], None]) -> None:
+                      restore: Callable[[], None], twins: dict[str, str] | None = None) -> None:
     """Time every built variant of a case in interleaved rounds (:func:`bench_side_by_side`), so no variant's
-    ratio is what drifted in the process between its timing and another's; the latencies land in the rows."""
+    ratio is what drifted in the process between its timing and another's; the latencies land in the rows.
+    ``twins``: solver -> the earlier solver whose strategy it repeats, not built again: its row takes that one's."""
     from vtcsearch.codegen.timing import bench_side_by_side
-    if not ready:
-        return
-    times = bench_side_by_side(ready, rounds=ctx.cfg.timing_rounds)
-    restore()
+    times = bench_side_by_side(ready, rounds=ctx.cfg.timing_rounds) if ready else {}
+    if ready:
+        restore()
     for name, t in times.items():
         row = by_variant[name]
         if isinstance(t, Exception):
@@ -999,6 +1012,11 @@ def time_side_by_side(ctx: RunContext, ready: dict[str, tuple[Any, bool]], by_va
         row.update(measured_latency_us=t.median_us, measured_p20_us=t.p20_us, measured_p80_us=t.p80_us,
                    timing_rounds=ctx.cfg.timing_rounds)
         ctx.log(f"   {name:22s} {t.median_us:10.1f} us (p20 {t.p20_us:.1f}, p80 {t.p80_us:.1f}, {t.samples} samples)")
+    for name, twin in (twins or {}).items():
+        src, row = by_variant.get(variant_name(twin)), by_variant.get(variant_name(name))
+        if src is not None and row is not None and src.get("status"):
+            row.update({k: src[k] for k in TWIN_FIELDS if k in src},
+                       reason=f"the strategy of {variant_name(twin)}: built and timed once, as that row")
 
 
 def not_run(ctx: RunContext, row: dict[str, Any], reason: str) -> None:
