@@ -8,8 +8,9 @@
 oracle), ``optuna`` (TPE or random sampling, SQLite-resumable), ``exhaustive``
 (ground truth for small VTOGs), ``none`` (all physical), ``inductor`` (all
 physical, every group Inductor's: torch.compile's program, the guard's second
-reference) and ``all`` (every Type I option).  The searching solvers run through :mod:`solvers.decompose`
-(independent parts separately, repeated parts once; ``decompose=False`` turns it off).
+reference) and ``all`` (every Type I option).  The searching solvers run through
+:mod:`solvers.decompose` (independent parts separately, repeated parts once;
+``decompose=False`` turns it off).
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from typing import Callable
 
 from .base import SolveResult, SolverRefused, SolverStatus
 
-_MODULES = {"none": "none", "inductor": "inductor", "all": "all", "greedy": "greedy", "ilp": "ilp", "optuna": "optuna_search",
-            "exhaustive": "exhaustive"}
+_MODULES = {"none": "none", "inductor": "inductor", "all": "all", "greedy": "greedy", "ilp": "ilp",
+            "optuna": "optuna_search", "exhaustive": "exhaustive"}
 
 
 class _Registry(dict):

@@ -265,9 +265,11 @@ def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, see
 
     from .codegen.realize import realize
     names = ["none"] + (["inductor"] if INDUCTOR in oracle.implementations else [])
-    refs = {n: get_solver(n)(vtog, oracle, seed=seed) for n in names}
-    refs = {n: r for n, r in refs.items() if not (set(r.strategy.edges) == set(result.strategy.edges)
-                                                   and r.strategy.impl == result.strategy.impl)}
+    refs: dict[str, Any] = {}
+    for n in names:     # each strategy built once: a reference the search's pick or an earlier one repeats is not
+        r = get_solver(n)(vtog, oracle, seed=seed)
+        if all(r.strategy != s.strategy for s in [result, *refs.values()]):
+            refs[n] = r
     if not refs:
         return result, exe, {"search_us": None, "none_us": None, "kept": "search (same as none)"}
     exes = {"search": exe, **{n: realize(graph, r.strategy, model) for n, r in refs.items()}}
