@@ -930,8 +930,9 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
         raise
     same = [r for r in GUARD_REFERENCES if best in results and r in results and not isinstance(results[r], tuple)
             and results[best].strategy == results[r].strategy]
-    # a pick whose strategy an earlier solver's repeats is guarded as that one's build
-    as_built = {**ready, **{variant_name(n): ready[variant_name(t)] for n, t in twins.items() if variant_name(t) in ready}}
+    as_built = dict(ready)      # a pick whose strategy an earlier solver's repeats is guarded as that one's build
+    if best in twins and variant_name(twins[best]) in ready:
+        as_built[variant_name(best)] = ready[variant_name(twins[best])]
     try:
         guard = measured_guard(ctx, as_built, best, restore, same)
     except RunInterrupted:      # the deadline came while guarding: the report's timing still runs
