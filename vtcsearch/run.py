@@ -747,6 +747,10 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     if ctx.measured:
         guard = case["guard"] = gpu_benchmark(ctx, w, graph, results, rows, label, batch, numerics_rows,
                                               unit_floors, case["best_solver"])
+        if guard is None and case["best_solver"] not in (None, *GUARD_REFERENCES) and \
+                not any(r in results for r in GUARD_REFERENCES):
+            ctx.notes.append(f"case {label} bs{batch}: unguarded, neither none nor inductor was among the solvers: "
+                             f"{variant_name(case['best_solver'])} is the search's pick as it measured")
         if guard and guard["kept"] != guard["solver"]:
             kept = variant_name(guard["kept"])
             ctx.notes.append(f"case {label} bs{batch}: the guard kept {kept} ({guard[guard['kept'] + '_us']:.1f} us) "
