@@ -246,7 +246,8 @@ def prepare_oracles(ctx: RunContext, vtog, case: tuple[dict[str, Any], int] | No
             o = ctx.oracle_for(name)
         except SolverRefused:          # its solver reports why (solve_all)
             continue
-        if not isinstance(o, ProfilingOracle) or id(o) in seen or split_solver(name)[0] in ("none", "all"):
+        if not isinstance(o, ProfilingOracle) or id(o) in seen or \
+                split_solver(name)[0] in ("none", "inductor", "all"):     # references search nothing
             continue
         seen.add(id(o))
         if case is not None and _gpu_run(ctx):
