@@ -465,6 +465,50 @@ def test_inductor_realization_equals_eager(chain, case, edges):
             torch.testing.assert_close(a, r, rtol=1e-4, atol=1e-5)
 
 
+class ConvShuffleCat(nn.Module):
+    """A pointwise conv, a depthwise conv, a channel shuffle and a concatenation read by another conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.dw, self.b = nn.Conv2d(4, 8, 1), nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        z = self.dw(y)
+        n, c, h, w = z.shape
+        z = z.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+        return self.b(torch.cat([z[:, :4], y[:, 4:]], 1)) + 1
+
+
+@pytest.mark.parametrize("impl", ["triton", "library", "inductor"])
+@pytest.mark.parametrize("edges", ["none", "maximal"])
+def test_channels_last_storages_change_no_value(monkeypatch, impl, edges):
+    """``VTC_CHANNELS_LAST=1``: the storages convolutions read and write are laid out NHWC (indexed NCHW), and
+    every implementation reads and writes them through their strides: the same values as eager, with and
+    without virtual tensors.  ``inductor``: every group but the depthwise conv (a template), so that regions
+    exchange storages."""
+    torch.manual_seed(0)
+    m, x = ConvShuffleCat().eval(), torch.randn(2, 4, 5, 6)
+    g = capture(m, (x,))
+    v = build_vtog(g)
+    s = Strategy(v, set()) if edges == "none" else maximal(v)
+    dw = next(n for n, gr in g.groups.items() if gr.kind == "conv" and g.ops[gr.ops[0]].node.args[-1] == 8)
+    s.set_implementations({n: impl for n, gr in g.groups.items()
+                           if impl in im.choices(g, gr) and not (impl == "inductor" and n == dw)})
+    with torch.no_grad():
+        ref = m(x)
+    monkeypatch.setenv("VTC_CHANNELS_LAST", "1")
+    exe = realize(g, s, m)
+    laid_out = exe.channels_last & set(exe.storages)     # a conv's product inside its group has no storage
+    assert laid_out
+    for t in laid_out:
+        st = exe.storages[t]
+        assert st.is_contiguous(memory_format=torch.channels_last) and not st.is_contiguous(), t
+    torch.testing.assert_close(exe(x)[0], ref, rtol=1e-4, atol=1e-5)
+    monkeypatch.delenv("VTC_CHANNELS_LAST")
+    assert not realize(g, s, m).channels_last
+
+
 def test_inductor_region_writes_the_storage_behind_an_eliminated_result():
     """The region ends on the eliminated channel shuffle that a Triton conv reads through its map: the region
     writes the first conv's storage (in place), not the shuffled view through a scatter, and the result is

@@ -1614,6 +1614,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = "python -m vtcsearch.run " + " ".join(sys.argv[1:] if argv is None else list(argv))
     if os.environ.get("VTC_INDUCTOR_CONFIG"):   # it changes vtcsearch's kernels: part of the command
         command = f"VTC_INDUCTOR_CONFIG='{os.environ['VTC_INDUCTOR_CONFIG']}' {command}"
+    from vtcsearch.codegen import layout
+    if layout.enabled():   # the executables' storage layouts: likewise
+        command = f"VTC_CHANNELS_LAST={os.environ['VTC_CHANNELS_LAST']} {command}"
     log = Log(quiet=args.quiet)
     import signal
     previous = signal.signal(signal.SIGTERM, _interrupt)   # a timeout stops the run after writing what it measured

@@ -44,7 +44,7 @@ from .kernels.codecache import interpreting
 from .inductor import is_region_step, lower_inductor, region_io, region_ops, regions
 from .library import has_epilogue, lower_as
 from .lowering import Context, Launch
-from . import memory
+from . import layout, memory
 from .memory import Arena
 from .timing import capture_graph, side_stream
 from ..core.strategy import Strategy
@@ -139,6 +139,8 @@ class Executable:
                 self.storages[t] = v if v.device == dev else v.to(dev)
         self._own_bytes = 0
         self.reuse_memory = reuse_memory
+        # storages laid out NHWC (opt-in, :mod:`vtcsearch.codegen.layout`): indexed as NCHW, their bytes in order
+        self.channels_last = layout.channels_last_storages(graph, strategy) if layout.enabled() else set()
         self.arena = Arena(dev)
         self._operands: dict[str, Operand] = {}
         self.steps: list[Step] = []
@@ -162,6 +164,8 @@ class Executable:
         if s is None:
             info = self.graph.tensors[name]
             s = self._allocate(name if self.arena.shares(name) else "", info.shape, info.dtype)
+            if name in self.channels_last:   # the same bytes, in NHWC order
+                s = s.as_strided(info.shape, layout.channels_last_strides(info.shape))
             self.storages[name] = s
         self.arena.touched((name,))
         return s
