@@ -24,6 +24,11 @@ _MODULES = {"none": "none", "inductor": "inductor", "all": "all", "greedy": "gre
             "optuna": "optuna_search", "exhaustive": "exhaustive"}
 
 
+# the strategies without virtual tensors that a search's pick is timed against (vtcsearch.compile's guard, the
+# runner's): ``none`` (each group in its cheapest implementation), ``inductor`` (torch.compile's program)
+GUARD_REFERENCES = ("none", "inductor")
+
+
 class _Registry(dict):
     """name -> solve function, imported on first use (so a missing OR-Tools or Optuna only affects its solver)."""
 

@@ -212,7 +212,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     elif not isinstance(oracle, CostOracle):
         raise TypeError(f"oracle must be a name or a cost_models.CostOracle, got {type(oracle).__name__}")
 
-    from solvers import get_solver
+    from solvers import GUARD_REFERENCES, get_solver
 
     from .codegen.realize import realize
 
@@ -225,7 +225,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
         result.strategy.validate()
         exe = realize(graph, result.strategy, model)
         record = None
-        if (dev.type == "cuda" if guard is None else guard) and solver not in ("none", "inductor"):
+        if (dev.type == "cuda" if guard is None else guard) and solver not in GUARD_REFERENCES:
             result, exe, record = _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, seed,
                                                   cuda_graph)
     compiled = Compiled(model, graph, vtog, result, oracle, exe, cuda_graph, example_inputs)
@@ -260,14 +260,15 @@ def _measured_guard(graph, vtog, oracle, result, exe, model, example_inputs, see
     virtual tensors, each group in its cheapest implementation) and, where the oracle allows Inductor,
     ``inductor`` (no virtual tensors, every group Inductor's: torch.compile's program), so a mispriced kernel
     never makes the model slower than torch.compile either."""
-    from solvers import get_solver
-    from vtcsearch.core.implementation import INDUCTOR
+    from solvers import GUARD_REFERENCES, SolverRefused, get_solver
 
     from .codegen.realize import realize
-    names = ["none"] + (["inductor"] if INDUCTOR in oracle.implementations else [])
     refs: dict[str, Any] = {}
-    for n in names:     # each strategy built once: a reference the search's pick or an earlier one repeats is not
-        r = get_solver(n)(vtog, oracle, seed=seed)
+    for n in GUARD_REFERENCES:   # each strategy built once: one the search's pick or an earlier one repeats is not
+        try:
+            r = get_solver(n)(vtog, oracle, seed=seed)
+        except SolverRefused:    # ``inductor`` where the oracle leaves Inductor out
+            continue
         if all(r.strategy != s.strategy for s in [result, *refs.values()]):
             refs[n] = r
     if not refs:

@@ -44,6 +44,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from solvers import GUARD_REFERENCES
+
 from . import atomic, floors
 from .codegen.interpreter import ensure_interpreter
 from .codegen.timing import machine
@@ -956,7 +958,6 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
 TWIN_FIELDS = ("status", "measured_latency_us", "measured_p20_us", "measured_p80_us", "timing_rounds",
                "measured_peak_bytes", "executable_bytes", "kernels", "movement_kernels", "movement_us", "compute_us",
                "fallbacks", "build_s", "numerics_ok", "numerics_size", "numerics_rel_err", "numerics_max_abs_err")
-GUARD_REFERENCES = ("none", "inductor")   # the strategies without virtual tensors the guard times the pick against
 
 
 def measured_guard(ctx: RunContext, ready: dict[str, tuple[Any, bool]], best: str | None,

@@ -18,8 +18,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-import torch
-
+from ..core.capture import CONV
 from .memory import storages_of
 
 if TYPE_CHECKING:
@@ -27,8 +26,6 @@ if TYPE_CHECKING:
     from ..core.strategy import Strategy
 
 __all__ = ["channels_last_storages", "channels_last_strides", "enabled"]
-
-aten = torch.ops.aten
 
 
 def enabled() -> bool:
@@ -47,7 +44,7 @@ def channels_last_storages(graph: "TensorGraph", strategy: "Strategy") -> set[st
     strategy gives the tensor), where the executable owns them and they are 4-D and floating."""
     out: set[str] = set()
     for op in graph.ops.values():
-        if op.node is None or op.node.target is not aten.convolution.default:
+        if op.node is None or op.node.target not in CONV:
             continue
         for t in (op.inputs[0], *op.outputs):
             for s in storages_of(strategy, t):
