@@ -1509,3 +1509,41 @@ def test_the_profiling_oracle_measures_the_top_configurations_unless_a_config_as
     every, _, _ = _profiling_case(tmp_path / "b", "cpu", measure_top=None)
     assert every.oracle.measure_top is None and every.oracle._model is None
     assert len(ctx.oracle.candidate_specs(vtog)) <= len(every.oracle.candidate_specs(vtog))
+
+
+def test_numerics_check_runs_a_strategy_that_differs_only_in_its_implementations(monkeypatch):
+    """``inductor`` has ``none``'s edges and other kernels: its numerics are checked on its own executable, not
+    copied from ``none``'s row (a wrong answer of Inductor's kernels would hide behind it)."""
+    import torch
+    from types import SimpleNamespace
+
+    import vtcsearch.codegen.realize as realize_mod
+    from vtcsearch.config import NumericsConfig
+    from vtcsearch.run import NumericsCopy
+
+    x = torch.randn(8)
+    built: list[dict] = []
+
+    class Exe:      # Inductor's kernels give a wrong answer here
+        def __init__(self, graph, strategy, model):
+            built.append(dict(strategy.impl))
+            self.wrong = "inductor" in strategy.impl.values()
+
+        def __call__(self, *inputs):
+            return [x + 1 if self.wrong else x.clone()]
+
+        def summary(self):
+            return {"kernels": 1, "copy_kernels": 0, "fallbacks": []}
+
+    monkeypatch.setattr(realize_mod, "realize", Exe)
+    copy = NumericsCopy.__new__(NumericsCopy)
+    copy.ctx = SimpleNamespace(cfg=SimpleNamespace(numerics=NumericsConfig(rtol=1e-3, atol=1e-3)))
+    copy.size, copy.batch, copy.dtype, copy.device = "tiny", 1, torch.float32, torch.device("cpu")
+    copy.w = SimpleNamespace(model=torch.nn.Module(), example_inputs=())
+    copy.graph, copy.ref, copy.ref_bufs, copy.ref32, copy.ref32_bufs = None, [x], {}, None, {}
+    copy.saved, copy.by_strategy, copy.none_outs = {}, {}, None
+    none = copy.check_exe("none", SimpleNamespace(edges=frozenset(), impl={"g0": "triton"}))
+    again = copy.check_exe("greedy", SimpleNamespace(edges=frozenset(), impl={"g0": "triton"}))
+    ind = copy.check_exe("inductor", SimpleNamespace(edges=frozenset(), impl={"g0": "inductor"}))
+    assert none["ok"] and again["same_strategy_as"] == "none" and len(built) == 2
+    assert ind["ok"] is False and not ind.get("same_strategy_as")

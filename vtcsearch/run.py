@@ -467,7 +467,7 @@ class NumericsCopy:
         self.ref_bufs = {n: host_copy(b) for n, b in self.w.model.named_buffers()}
         self.restore()
         self.ref32, self.ref32_bufs = self._fp32_reference()
-        self.by_strategy: dict[frozenset, dict[str, Any]] = {}
+        self.by_strategy: dict[tuple, dict[str, Any]] = {}   # (edges, implementations) -> its check
         self.none_outs: list | None = None
         self.solved: dict[str, Any] = {}
 
@@ -549,7 +549,8 @@ class NumericsCopy:
         from vtcsearch.codegen.realize import realize
         rec: dict[str, Any] = {"solver": solver, "size": self.size, "batch": self.batch,
                                "dtype": str(self.dtype).replace("torch.", "")}
-        key = frozenset(strategy.edges)
+        # the implementations are part of it: ``inductor`` has ``none``'s edges and other kernels
+        key = (frozenset(strategy.edges), frozenset(strategy.impl.items()))
         if exe is None and key in self.by_strategy:
             prev = self.by_strategy[key]
             return {**prev, **rec, "same_strategy_as": prev["solver"]}
