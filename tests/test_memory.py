@@ -87,11 +87,14 @@ def test_only_small_constants_fold_a_big_weight_is_read_in_place():
     want = model(x)
     physical = realize(g, Strategy(v, set()), model)
     assert physical.folded == [g.tensors[t_small].producer]
-    assert all(torch.equal(a, b) for a, b in zip(physical(x), want))
+    # the folded weight is a contiguous copy of the transpose: the library GEMM may take another kernel for it
+    # than eager's on the transposed view (torch 2.14's CPU mm does), so equal up to fp32 rounding, not in bits
+    same = lambda got: all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))  # noqa: E731
+    assert same(physical(x))
     big_edges = {e.id for e in v.edges if e.src == t_big}
     assert big_edges
     virtual = realize(g, Strategy(v, big_edges).validate(), model)
-    assert all(torch.equal(a, b) for a, b in zip(virtual(x), want))
+    assert same(virtual(x))
     assert virtual.allocated_bytes <= physical.allocated_bytes - model.big.nbytes
 
 
