@@ -144,7 +144,7 @@ def test_refused_with_a_reason(form, reason, fused):
 # ---------------------------------------------------------------------------
 
 def _run(w, **options):
-    return compiled_output(w, budget=10, **options)
+    return compiled_output(w, budget=10, implementations=("triton",), **options)
 
 
 def _gemm_launches(c) -> int:
@@ -170,7 +170,7 @@ def test_small_module_with_biases_equals_eager(shape):
     import vtcsearch
     torch.manual_seed(0)
     m, x = SharedA("bias").eval(), torch.randn(*shape)
-    c = vtcsearch.compile(m, (x,), solver="ilp", budget=10, hfuse=True)
+    c = vtcsearch.compile(m, (x,), solver="ilp", budget=10, hfuse=True, implementations=("triton",))
     assert c.graph.hfuse.fused
     for got, want in zip(c(x), m(x)):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -192,7 +192,7 @@ def test_batched_weights_merge_and_equal_eager():
     import vtcsearch
     torch.manual_seed(0)
     m, x = BatchedWeights().eval(), torch.randn(3, 4, 16)
-    c = vtcsearch.compile(m, (x,), solver="ilp", budget=10, hfuse=True)
+    c = vtcsearch.compile(m, (x,), solver="ilp", budget=10, hfuse=True, implementations=("triton",))
     assert list(c.graph.hfuse.fused.values()) == [["bmm", "bmm_1"]]
     assert c.graph.tensors["hfuse_w0"].shape == (3, 16, 20)
     for got, want in zip(c(x), m(x)):

@@ -34,7 +34,7 @@ def _one_config(monkeypatch):
 def compiled(model: nn.Module, args) -> vtcsearch.api.Compiled:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return vtcsearch.compile(model, args, solver="greedy")
+        return vtcsearch.compile(model, args, solver="greedy", implementations=("triton",))
 
 
 def attention_groups(g) -> list:

@@ -136,7 +136,7 @@ def test_layernorm_prologue_taken_and_equals_eager(bias, shape):
     m, x = LN(bias).eval(), torch.randn(*shape) * 2 + 1
     _, groups, refused = _groups(m, x)
     assert not refused and any(gr.info.get("prologue", {}).get("kind") == "layernorm" for gr in groups.values())
-    c = vtcsearch.compile(m, (x,), solver="none", prologues=True)
+    c = vtcsearch.compile(m, (x,), solver="none", prologues=True, implementations=("triton",))
     assert not any(st.lowering in ("layernorm", "aten") for st in c.executable.steps)
     torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
 
@@ -176,7 +176,8 @@ def test_gemm_row_norm_prologue_equals_torch(M, K, N, split, kind):
 # ---------------------------------------------------------------------------
 
 def _compiled(w, prologues: bool, solver: str = "none"):
-    return compiled_output(w, solver=solver, budget=10 if solver == "ilp" else None, prologues=prologues)
+    return compiled_output(w, solver=solver, budget=10 if solver == "ilp" else None, prologues=prologues,
+                           implementations=("triton",))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -202,7 +203,7 @@ def test_small_module_with_prologue_equals_eager():
     import vtcsearch
     torch.manual_seed(0)
     m, x = NormGemm().eval(), torch.randn(4, 32) * 2
-    c = vtcsearch.compile(m, (x,), solver="none", prologues=True)
+    c = vtcsearch.compile(m, (x,), solver="none", prologues=True, implementations=("triton",))
     assert [st.lowering for st in c.executable.steps if st.name in c.graph.groups] == ["gemm"]
     torch.testing.assert_close(c(x), m(x), rtol=1e-5, atol=1e-5)
 

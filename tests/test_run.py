@@ -392,6 +392,25 @@ class Small(nn.Module):
         return a * 2.0, (v + y.expand(4, 16)).sigmoid()
 
 
+def test_compile_may_choose_inductor_and_libraries_on_a_gpu_and_templates_on_the_cpu():
+    """``vtcsearch.compile`` with no ``implementations``: on a CUDA model every group may also run as Inductor's
+    code or a vendor library (what virtual tensors do not improve runs as torch.compile would run it); on the CPU
+    the templates alone (the interpreter; Inductor would compile C++ per region).  A choice given is kept."""
+    from vtcsearch.core.implementation import ON_GPU
+    torch.manual_seed(0)
+    m = Small().eval()
+    x, y = torch.randn(4, 16), torch.randn(1, 16)
+    assert vtcsearch.compile(m, (x, y), solver="none").oracle.implementations == ("triton",)
+    assert vtcsearch.compile(m, (x, y), solver="none", implementations=("triton", "library")) \
+        .oracle.implementations == ("triton", "library")
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        mc, xc, yc = m.cuda(), x.cuda(), y.cuda()
+        fast = vtcsearch.compile(mc, (xc, yc), solver="ilp")
+        assert fast.oracle.implementations == ON_GPU
+        for o, r in zip(fast(xc, yc), mc(xc, yc)):
+            torch.testing.assert_close(o, r, rtol=1e-4, atol=1e-5)
+
+
 def test_compile_small_module_equals_eager():
     torch.manual_seed(0)
     m = Small().eval()

@@ -166,10 +166,11 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     configurations of each unit that the ``hardware`` model ranks first: ``DEFAULT_MEASURE_TOP``); ``objective``:
     ``"latency" | "memory" | "mix"`` or a ``cost_models.Objective``; ``cuda_graph``: replay
     the whole step list as one CUDA graph (GPU only); ``budget``: the solver's budget
-    (its own unit); ``implementations``: what each kernel group may run as (default ``("triton",)``;
-    ``("triton", "library")`` lets the search pick cuBLAS / cuDNN / SDPA where they are cheaper;
-    adding ``"inductor"`` lets it hand groups to TorchInductor, merged into one compiled region
-    wherever no virtual tensor separates them); ``guard``: time the search's executable beside those
+    (its own unit); ``implementations``: what each kernel group may run as: ``"triton"`` (vtcsearch's
+    templates through the maps), ``"library"`` (cuBLAS / cuDNN / SDPA), ``"inductor"`` (TorchInductor's code,
+    merged into one compiled region wherever no virtual tensor separates them); default: all three for a CUDA
+    model (``implementation.ON_GPU``: never slower than torch.compile where virtual tensors do not help),
+    ``("triton",)`` on the CPU (the interpreter; Inductor would compile C++ for every region); ``guard``: time the search's executable beside those
     without virtual tensors (the ``none`` solver's: each group in its cheapest implementation; with Inductor
     allowed, the ``inductor`` solver's: every group Inductor's, torch.compile's program) and keep the fastest, so
     a mispriced strategy never makes the model slower than compiling it without virtual tensors (default: on for
@@ -202,6 +203,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
             raise ValueError(f"unknown objective {objective!r}; choices: {', '.join(objectives)}")
         objective = objectives[objective]()
     if isinstance(oracle, str):
+        if implementations is None and dev.type == "cuda":
+            from .core.implementation import ON_GPU
+            implementations = ON_GPU
         kw: dict[str, Any] = {"objective": objective, "implementations": implementations}
         if oracle in ("analytical", "recorded"):
             kw["hardware"] = hardware

@@ -46,6 +46,10 @@ aten = torch.ops.aten
 TRITON, LIBRARY, INDUCTOR = "triton", "library", "inductor"
 IMPLEMENTATIONS: tuple[str, ...] = (TRITON, LIBRARY, INDUCTOR)
 DEFAULT = TRITON
+# what a search on a GPU may choose from unless told otherwise (``vtcsearch.compile`` and every runner config):
+# Inductor's code and the vendor libraries beside the templates, so what virtual tensors do not improve runs as
+# torch.compile would run it; ties go to Inductor, then the library (the order the configs give)
+ON_GPU: tuple[str, ...] = (INDUCTOR, LIBRARY, TRITON)
 
 _LIBRARY_MATMULS = {aten.mm.default, aten.bmm.default, aten.addmm.default}
 
