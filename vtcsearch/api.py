@@ -170,13 +170,14 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[Any], *, solver: st
     templates through the maps), ``"library"`` (cuBLAS / cuDNN / SDPA), ``"inductor"`` (TorchInductor's code,
     merged into one compiled region wherever no virtual tensor separates them); default: all three for a CUDA
     model (``implementation.ON_GPU``: never slower than torch.compile where virtual tensors do not help),
-    ``("triton",)`` on the CPU (the interpreter; Inductor would compile C++ for every region); ``guard``: time the search's executable beside those
-    without virtual tensors (the ``none`` solver's: each group in its cheapest implementation; with Inductor
-    allowed, the ``inductor`` solver's: every group Inductor's, torch.compile's program) and keep the fastest, so
-    a mispriced strategy never makes the model slower than compiling it without virtual tensors (default: on for
-    a CUDA model; ``Compiled.guard`` records the times); ``prologues``: fold a row norm
-    into the decode GEMM that reads it (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search
-    the graph both ways and keep the fusion whose best strategy the oracle prices lower (:func:`search_fusions`);
+    ``("triton",)`` on the CPU (the interpreter; Inductor would compile C++ for every region); ``guard``: time
+    the search's executable beside those without virtual tensors (the ``none`` solver's: each group in its
+    cheapest implementation; with Inductor allowed, the ``inductor`` solver's: every group Inductor's,
+    torch.compile's program) and keep the fastest, so a mispriced strategy never makes the model slower than
+    compiling it without virtual tensors (default: on for a CUDA model; ``Compiled.guard`` records the times);
+    ``prologues``: fold a row norm into the decode GEMM that reads it
+    (:func:`vtcsearch.core.fusion.merge_prologues`); ``"auto"``: search the graph both ways and keep the fusion
+    whose best strategy the oracle prices lower (:func:`search_fusions`);
     ``hfuse``: merge the GEMMs that read the same activation with constant weights (Q/K/V, gate/up) into one
     GEMM over the concatenated weights (:func:`vtcsearch.core.hfuse.horizontal_fuse`), ``"auto"`` as for
     ``prologues``.
