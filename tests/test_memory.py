@@ -88,7 +88,8 @@ def test_only_small_constants_fold_a_big_weight_is_read_in_place():
     physical = realize(g, Strategy(v, set()), model)
     assert physical.folded == [g.tensors[t_small].producer]
     # the folded weight is a contiguous copy of the transpose: the library GEMM may take another kernel for it
-    # than eager's on the transposed view (torch 2.14's CPU mm does), so equal up to fp32 rounding, not in bits
+    # than eager's on the transposed view (this machine's MKL does, torch 2.13 and 2.14), so equal up to fp32
+    # rounding, not in bits
     same = lambda got: all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))  # noqa: E731
     assert same(physical(x))
     big_edges = {e.id for e in v.edges if e.src == t_big}
