@@ -287,3 +287,22 @@ def test_a_pick_with_wrong_numerics_is_shown_and_not_counted(tmp_path):
     assert any(r["model"] == "yolo11 n" and r["speedup"] == pytest.approx(4.0) for r in res["figure11"])
     report = (tmp_path / "eval" / "report.md").read_text()
     assert "yolo11 n bs1: numerics failed (relative error 2.41e-02" in report
+
+
+def test_a_speedup_across_two_runs_says_it_is_not_side_by_side(tmp_path):
+    """A pick measured by one runner command and the best baseline by a later ``--append`` command (which replaced
+    the baseline's row) are not side by side in one process: Figure 11 and the missed targets say so; rows of one
+    command are side by side."""
+    early, late = "2026-12-07T03:24:37+00:00", "2026-12-07T08:04:11+00:00"
+    d = folder(tmp_path, "efficientvit", "efficientvit", [case("efficientvit", 1, "ilp", 10)], [
+        row("efficientvit", 1, "compile_max_autotune_graph", 2239.6, 144, date=late),
+        vtc("efficientvit", 1, "ilp", 2528.6, 136, date=early),
+        vtc("efficientvit", 1, "inductor", 2284.4, 2, date=late)])
+    same = folder(tmp_path, "shufflenet", "shufflenet", [case("shufflenet", 1, "ilp", 10)], [
+        row("shufflenet", 1, "compile_max_autotune_graph", 200, 20, date=late),
+        vtc("shufflenet", 1, "ilp", 100, 10, date=late)])
+    res = evaluate([d, same], tmp_path / "eval")
+    by = {r["model"]: r for r in res["figure11"]}
+    assert by["efficientvit"]["side_by_side"] is False and by["shufflenet"]["side_by_side"] is True
+    report = (tmp_path / "eval" / "report.md").read_text()
+    assert f"(not side by side: vtcsearch's row from the run of {early}, the baseline's from {late})" in report
