@@ -156,6 +156,30 @@ class Variant:
     skipped: str | None = None
     own_bytes: Callable[[], int] | None = None   # what the built variant knows it holds (a vtcsearch executable)
     peak_known: bool = True     # False: it allocates outside PyTorch's allocator (ONNX Runtime): no peak reported
+    # a variant whose call replays a CUDA graph it captured itself allocates nothing at replay: what its kernels
+    # allocate per call (an Inductor region's buffers, a library call's output) sits in the graph's private pool,
+    # outside memory_allocated.  This gives those bytes, from a plain call measured at build, so its peak counts
+    # them as a baseline's plain call does (a vtcsearch executable: ``call_bytes`` at realization)
+    call_bytes: Callable[[], int | None] | None = None
+
+
+def call_bytes(call: Callable[[], Any]) -> int | None:
+    """The bytes one plain call of ``call`` allocates over what is live before it (its transient peak, outputs
+    included), from its second call (the first may compile or autotune); None without a GPU or on failure."""
+    if not torch.cuda.is_available():
+        return None
+    try:
+        with torch.no_grad():
+            call()
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = call()
+            torch.cuda.synchronize()
+            del out
+        return int(torch.cuda.max_memory_allocated() - base)
+    except Exception:   # the variant's own build and call report a failure; this only sizes it
+        return None
 
 
 def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
@@ -194,12 +218,15 @@ def run_variant(v: Variant, *, profile: bool = True, timed: bool = True
                 base = torch.cuda.memory_allocated()
                 fn()
                 torch.cuda.synchronize()
-                peak = int(held + torch.cuda.max_memory_allocated() - base)
+                transient = torch.cuda.max_memory_allocated() - base
+                if v.call_bytes is not None:
+                    transient = max(transient, v.call_bytes() or 0)
+                peak = int(held + transient)
                 if held < 0:
                     # the build freed more than it kept (cudagraph trees' pool is not in memory_allocated, or an
                     # earlier variant's memory was freed mid-build): the variant's own count if it has one, else
                     # unknown, never a negative number
-                    peak = int(v.own_bytes() + torch.cuda.max_memory_allocated() - base) if v.own_bytes else None
+                    peak = int(v.own_bytes() + transient) if v.own_bytes else None
             m = measure(v.name, fn, cuda_graph=v.cuda_graph, profile=profile, timed=timed)
         m.peak_memory_bytes = peak if v.peak_known else None
         m.build_s = build_s
