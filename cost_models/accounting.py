@@ -956,7 +956,7 @@ class Accounting:
                              for k, ops in self.kernel_ops.items()}
         # tensors a kernel group makes and consumes itself (an attention's scores, a fused chain's temporaries):
         # they live in registers, never in memory, so they take no part in the peak
-        owner = {o: k for k, ops in self.kernel_ops.items() for o in ops}
+        owner = self.op_kernel = {o: k for k, ops in self.kernel_ops.items() for o in ops}
         self.internal = {t for t, info in g.tensors.items() if info.producer in owner and not info.is_output
                          and t not in self.kernel_io[owner[info.producer]][1]}
         # inputs of a kernel group that its template never reads (a mask proven causal: masked by index)
@@ -1450,7 +1450,34 @@ class Accounting:
         return spec
 
     # -- memory ----------------------------------------------------------------
-    def peak_bytes(self, maps_targets: Mapping[str, Iterable[str]], in_regions: Iterable[str] = ()) -> int:
+    def fused_in_registers(self, inlined: Iterable[tuple[str, str]]) -> set[str]:
+        """The tensors Inductor never stores under ``inlined`` ((kernel, the kernel it is inlined into) pairs,
+        :meth:`CostOracle.region_fusions_taken`): each chain of inlined kernels is one generated kernel, and a
+        tensor made and read only inside it stays in registers (Inductor's scheduler drops such a buffer).
+        Not a graph output, and every reader a kernel of the chain (a movement op reading it: kept)."""
+        parent: dict[str, str] = {}
+
+        def root(k: str) -> str:
+            while parent.get(k, k) != k:
+                k = parent[k]
+            return k
+
+        for k, into in inlined:
+            a, b = root(k), root(into)
+            if a != b:
+                parent[a] = b
+        g, out = self.graph, set()
+        for k in parent:
+            r = root(k)
+            for t in self.kernel_io[k][1]:
+                info = g.tensors[t]
+                if not info.is_output and info.consumers and \
+                        all(c in self.op_kernel and root(self.op_kernel[c]) == r for c in info.consumers):
+                    out.add(t)
+        return out
+
+    def peak_bytes(self, maps_targets: Mapping[str, Iterable[str]], in_regions: Iterable[str] = (),
+                   unstored: Container[str] = ()) -> int:
         """Peak bytes: constant storages plus the max over steps of live intermediate storages.
 
         ``maps_targets``: tensor -> storages its map lands in (every graph tensor).
@@ -1461,12 +1488,13 @@ class Accounting:
         their source does, as a virtual view would, and keep the source alive until that read.  (Left out
         altogether, Llama 3 8B prefill's none strategy freed the LM head's 1 GB output before the cast that
         reads it, and was predicted 1 GB under the ILP's pick.)
+        ``unstored``: tensors never allocated (:meth:`fused_in_registers`).
         """
         lo: dict[str, int] = {}
         hi: dict[str, int] = {}
         skip = set(in_regions)
         for t, targets in maps_targets.items():
-            if t in self.internal:
+            if t in self.internal or t in unstored:
                 continue
             if t in skip:
                 src = self.region_view_source(t, skip)

@@ -442,8 +442,13 @@ class CostOracle:
                     r["seconds"] += r["t_fused_copies"]
         peak = None
         if self.objective.needs_memory or rows or want_peak:
+            if not self.objective.needs_latency:
+                inlined = self.region_fusions_taken(acc, trees, impl)
+            # what Inductor computes inside one generated kernel is never stored: the time model's inlined
+            # kernels are the memory model's too (EfficientViT's hardswish: three 32 MiB fp32 temporaries)
+            unstored = acc.fused_in_registers((k, into) for k, (into, _) in inlined.items())
             peak = acc.peak_bytes({t: acc.map_of(t, trees.get(t, PHYS)).targets() for t in acc.graph.tensors},
-                                  self.region_views(acc, trees, impl))
+                                  self.region_views(acc, trees, impl), unstored)
         return Evaluation(self.objective.value(total, peak), total, peak, out_rows)
 
     def describe(self) -> dict[str, Any]:
