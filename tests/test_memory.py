@@ -500,3 +500,32 @@ def test_inputs_given_at_build_are_read_in_place(decode_step):
         restore()
     with pytest.raises(ValueError, match="bound"):
         exe(*[a.clone() if isinstance(a, torch.Tensor) else a for a in w.example_inputs])
+
+
+def test_an_output_outlives_its_executable():
+    """Storages carved from the executable's slab do not own their memory: an output the caller kept read freed
+    memory once the executable was gone (new allocations overwrote it).  Each carved part now holds the slab."""
+    import gc
+
+    import torch.nn as nn
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = self.conv(x).relu()
+            return y + y.mean(dim=1, keepdim=True)
+
+    torch.manual_seed(0)
+    m, x = M().eval(), torch.randn(2, 3, 8, 8)
+    g = capture(m, (x,))
+    exe = realize(g, Strategy(build_vtog(g), set()), m)
+    out = exe(x)[0]
+    kept = out.clone()
+    assert exe.arena.plan.offsets, "the test needs storages placed in the slab"
+    del exe
+    gc.collect()
+    junk = [torch.full((1 << 12,), 1e13) for _ in range(256)]     # what reuses freed memory writes there
+    assert torch.equal(out, kept) and len(junk) == 256

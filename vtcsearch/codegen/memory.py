@@ -182,16 +182,21 @@ def carve(slab: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor | None:
 
     A view of the slab would do for the Triton kernels, but not for Inductor: every storage live at one step
     would then be one PyTorch storage, and AOTAutograd treats a region's arguments that share a storage as
-    aliases (it refuses mutated aliased inputs outright).  The tensor does not own the memory; the arena's slab,
-    which outlives the executable's steps, does.  None where no such tensor can be made."""
+    aliases (it refuses mutated aliased inputs outright).  The tensor does not own the memory; the arena's slab
+    does, and the object each part is made from holds the slab, so the slab lives as long as any part: an output
+    the caller keeps outlives the executable (it read freed memory once the executable was gone).  None where no
+    such tensor can be made."""
     ptr = slab.data_ptr() + offset
     try:
         if slab.device.type == "cuda":
             holder = type("SlabPart", (), {"__cuda_array_interface__": {
                 "shape": (nbytes,), "typestr": "|u1", "data": (ptr, False), "strides": None, "version": 2}})()
+            holder.slab = slab          # torch keeps the holder alive with the tensor's storage
             part = torch.as_tensor(holder, device=slab.device)
         elif slab.device.type == "cpu":
-            part = torch.from_numpy(np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr)))
+            view = (ctypes.c_uint8 * nbytes).from_address(ptr)
+            view.slab = slab            # numpy keeps the ctypes array, torch the numpy array
+            part = torch.from_numpy(np.ctypeslib.as_array(view))
         else:
             return slab[offset:offset + nbytes]   # meta: no memory to alias
     except Exception:   # no way to carve here: the caller gives the storage memory of its own
