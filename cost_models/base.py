@@ -412,6 +412,7 @@ class CostOracle:
         total = 0.0
         impl = impl or {}
         out_rows: list[dict[str, Any]] = []
+        inlined: dict[str, tuple[str, float]] | None = None    # kernel -> (where Inductor inlines it, saving)
         if self.objective.needs_latency or rows:
             fused_into: dict[str, tuple[str, float]] = {}   # copy unit -> (Inductor kernel running it, saved s)
             for u in acc.units:
@@ -442,7 +443,7 @@ class CostOracle:
                     r["seconds"] += r["t_fused_copies"]
         peak = None
         if self.objective.needs_memory or rows or want_peak:
-            if not self.objective.needs_latency:
+            if inlined is None or not self.objective.needs_latency:
                 inlined = self.region_fusions_taken(acc, trees, impl)
             # what Inductor computes inside one generated kernel is never stored: the time model's inlined
             # kernels are the memory model's too (EfficientViT's hardswish: three 32 MiB fp32 temporaries)

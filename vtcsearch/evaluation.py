@@ -137,9 +137,6 @@ def _record(s: dict[str, Any], name: str, wl: str | None, case: dict[str, Any],
             "compile": _peak_reference(by_variant),
             "model_bytes": case.get("model_bytes"), "provenance": _provenance(s, vtc or best_base),
             "base_provenance": _provenance(s, best_base) if best_base is not None else None,
-            # one runner command timed both (side by side in one process), or the speedup compares two runs
-            "side_by_side": (_provenance(s, vtc)["date"] == _provenance(s, best_base)["date"]
-                             if vtc is not None and best_base is not None else None),
             "profile": [p for p in s.get("profile") or [] if (p["case"], p["batch"]) == (case["case"], case["batch"])]}
 
 
@@ -245,7 +242,9 @@ def figure11(recs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "vtcsearch_us": vl if r["measured"] else None,
                     "modelled_us": v.get("predicted_latency_us") if v and not r["measured"] else None,
                     "speedup": bl / vl if bl and vl and r["measured"] else None,
-                    "side_by_side": r.get("side_by_side") if r["measured"] else None,
+                    # one runner command timed both (side by side in one process), or the ratio spans two runs
+                    "side_by_side": r["provenance"]["date"] == r["base_provenance"]["date"]
+                    if v and b and r["measured"] else None,
                     "vtcsearch_date": r["provenance"]["date"] if v else None,
                     "best_baseline_date": r["base_provenance"]["date"] if b else None,
                     # the hand-written model (gpt-fast style, compiled): not a baseline, but what an expert reaches

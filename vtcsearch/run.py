@@ -837,8 +837,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
     import torch
 
     from .breakdown import conv_layer_rows, step_rows
-    from experiments.baselines import Variant, baseline_variants, is_movement_kernel, run_variant
-    from experiments.baselines import call_bytes as plain_call_bytes
+    from experiments.baselines import Variant, baseline_variants, call_bytes, is_movement_kernel, run_variant
     from vtcsearch.codegen.inductor import clear_compiled_regions
     from vtcsearch.codegen.realize import realize
 
@@ -854,7 +853,7 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
 
     exes: dict[str, Any] = {}
     build_s: dict[str, float] = {}      # solver -> seconds to realize (compile and autotune every kernel)
-    call_bytes: dict[str, int | None] = {}   # solver -> bytes a plain call allocates (graph replays allocate none)
+    plain_bytes: dict[str, int | None] = {}  # solver -> bytes a plain call allocates (graph replays allocate none)
     variants: list[Variant] = []
     base_names = list(cfg.baselines)
     for name in base_names:
@@ -880,11 +879,11 @@ def gpu_benchmark(ctx: RunContext, w, graph, results, rows, label, batch, numeri
             # replay is then a whole call
             exes[name] = realize(graph, s, model, inputs=inputs)
             build_s[name] = time.perf_counter() - t0
-            call_bytes[name] = plain_call_bytes(lambda: exes[name](*inputs))   # buffers: restored after the build
+            plain_bytes[name] = call_bytes(lambda: exes[name](*inputs))   # buffers: restored after the build
             return exes[name].cuda_graph(*inputs).replay
         variants.append(Variant(variant_name(name), build,
                                 own_bytes=lambda name=name: exes[name].allocated_bytes,
-                                call_bytes=lambda name=name: call_bytes.get(name)))
+                                call_bytes=lambda name=name: plain_bytes.get(name)))
     by_variant = {r["variant"]: r for r in rows}
     ready: dict[str, tuple[Any, bool]] = {}      # variant -> (call, capture it in a CUDA graph), timed together below
     try:   # build, size, profile and check each variant; its call waits in ready
