@@ -306,6 +306,40 @@ def test_ilp_never_worse_than_greedy_without_a_valid_solution():
     assert il.objective < none.objective
 
 
+def test_ilp_repair_worse_than_greedy_is_neither_kept_nor_called_optimal():
+    """CP-SAT's last answer is rejected after the one cut allowed; the repair made from the first rejected
+    answer (its tensors around the hazard physical) is valid but worse than greedy's: greedy's is returned,
+    and not as a proven optimum."""
+    v = random_vtog(3, seed=990, motifs=("cache", "linear", "slice", "act", "split_cat"), **SIZES)
+    oracle = RandomCosts()
+    il = get_solver("ilp")(v, oracle, max_cuts=1)
+    il.strategy.validate()
+    assert il.info["cuts"] == 2 and "repaired_objective" in il.info, \
+        "this VTOG no longer takes the repair path: pick another seed"
+    gr = get_solver("greedy")(v, oracle)
+    assert il.info["repaired_objective"] > gr.objective
+    assert il.status == "greedy_incumbent" and abs(il.objective - gr.objective) <= _tol(gr.objective)
+
+
+@pytest.mark.slow
+def test_ilp_repairs_symmetric_hazards_at_the_bound():
+    """torchvision's Swin-T: CP-SAT's optima each break one hazard in a shifted window's mask (slice_scatter
+    chains, cost-neutral and symmetric), so cuts alone re-solve for minutes (six 17-20 s solves, then the
+    budget ended on greedy's 702 us); the first rejected optimum's repair is at CP-SAT's bound and ends it."""
+    pytest.importorskip("torchvision")
+    wl = pytest.importorskip("experiments.workloads")
+    from vtcsearch.core.capture import capture
+    w = wl.build_workload("zoo", model="tv_swin_t", size="full", batch=1, device="cpu", dtype=torch.float32)
+    v = build_vtog(capture(w.model, w.example_inputs))
+    oracle = AnalyticalOracle("H100", implementations=("inductor", "library", "triton"))
+    il = get_solver("ilp")(v, oracle, budget=120)
+    gr = get_solver("greedy")(v, oracle)
+    il.strategy.validate()
+    assert il.info.get("incumbent") == "repaired" and il.info["solver_status"] == "REPAIRED_AT_BOUND", il.info
+    assert il.info["gap"] <= 1e-9 and il.objective < gr.objective
+    assert il.info["solve_s"] < 60
+
+
 class Branches(torch.nn.Module):
     """Independent identical branches (the shape of repeated layers without a residual stream)."""
 
