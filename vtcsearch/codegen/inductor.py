@@ -262,9 +262,10 @@ def _upstream(graph: TensorGraph, t: str) -> set[str] | None:
     return seen
 
 
-def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Launch:
+def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE, eager: bool = False) -> Launch:
     """``steps`` (one group, or a region :func:`regions` formed) as one Inductor-compiled call on strided
-    operands."""
+    operands.  ``eager``: run the region's FX graph as ATen ops instead (a group folded at build runs once, so
+    compiling it costs more than it saves: a bicubic resize's index arithmetic was 48 Inductor compiles)."""
     g = ctx.graph
     for st in steps:
         if st in g.groups and not im.inductor_can_run(g, g.groups[st]):
@@ -294,7 +295,13 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE) -> Laun
             aliases[k] = j
     gm = region_graph(g, ops, ins, outs, ctx.device, aliases)
     name = steps[0] if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
-    compiled, retried = _compile_and_run(gm, args, mode, pre, name)
+    if eager:
+        for p in pre:
+            p()
+        gm(*args)
+        compiled, retried = gm, ""
+    else:
+        compiled, retried = _compile_and_run(gm, args, mode, pre, name)
 
     def run() -> None:
         for p in pre:

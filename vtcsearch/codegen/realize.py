@@ -240,7 +240,8 @@ class Executable:
         g, s = self.graph, self.strategy
         name = run[0]
         if any(is_region_step(g, s, st) for st in run):   # compiled (and run once) as a region
-            step = Step(name, "kernel", lower_inductor(ctx, run))
+            # a folded group runs once, at build: its ATen ops in eager, not a compile for one call
+            step = Step(name, "kernel", lower_inductor(ctx, run, eager=len(run) == 1 and folded(g, name, const)))
         elif name in g.groups:   # in the implementation the strategy chose (default: the Triton template)
             launch = lower_as(ctx, g.groups[name], s.implementation(name))
             if launch.fn is not None:
