@@ -43,7 +43,7 @@ which holds for the hazards the core reports (tests compare with exhaustive
 search).  All violations validation finds in one rejected solution are cut
 before the next solve (:func:`_nogoods`): each re-solve presolves again.
 The rejected solution with the tensors around its violations made physical
-is valid (the *repair*, :func:`_repair`): the best repair is the next solve's
+is valid (the *repair*, :func:`_nogoods`): the best repair is the next solve's
 hint and an incumbent, and when it is within ``gap_limit`` of CP-SAT's last
 bound (a lower bound of every more-cut model) the search ends there
 (``solver_status`` ``REPAIRED_AT_BOUND``).  Symmetric models need this: Swin-T's
@@ -341,7 +341,7 @@ def solve(vtog: VTOG, oracle: CostOracle, budget: float | None = None, seed: int
                 info.setdefault("cut_reasons", []).append(rule)
                 m.add_bool_or(lits if lits is not None else [lit.Not() if o in on else lit for o, lit in x.items()])
             if valid_rest is not None:
-                r = _repair(run, valid_rest)
+                r = _priced(run, valid_rest)
                 if repaired is None or r.objective < repaired.objective:
                     repaired = r
             m.clear_hints()     # start again from the best valid solution known, which the cuts leave feasible
@@ -395,13 +395,12 @@ def _better_incumbent(run: Run, g: SolveResult, hint: list[int], info: dict[str,
     except StrategyError:
         info["hint"] = "invalid"
         return g
-    s.set_implementations(best_implementations(run.oracle, s))   # the hint is options only: each group's best
-    ev = run.oracle.evaluate(s, rows=False)
-    info["hint_objective"] = ev.objective
-    if not ev.objective < g.objective:
+    p = _priced(run, set(hint), s)      # the hint is options only: each group's best implementation
+    info["hint_objective"] = p.objective
+    if not p.objective < g.objective:
         return g
     info["warm_start"] = "hint"
-    return replace(g, options=sorted(hint), objective=ev.objective, strategy=s)
+    return replace(g, options=sorted(hint), objective=p.objective, strategy=p.strategy)
 
 
 def _bound_and_gap(solver, obj, acc) -> dict[str, float]:
@@ -555,24 +554,23 @@ def _hint(m, acc, x, y, options) -> None:
 
 
 @dataclass
-class _Repair:
+class _Priced:
     options: set[int]
     strategy: LocalStrategy
     impl: dict[str, str]
     objective: float
 
 
-def _repair(run: Run, options: set[int]) -> _Repair:
-    """A valid solution made from a rejected one (``options``: its options minus those around each violation,
-    validated by :func:`_nogoods`), with each group's cheapest implementation for its maps, and its evaluation.
-
-    Symmetric models (the equal windows of a shifted-window attention's mask) give CP-SAT many optima that
-    each break one hazard: the repair of the first is usually as good, and ends the search at the bound."""
-    acc = run.oracle.accounting(run.vtog)
-    s = LocalStrategy(run.vtog, [e for o in options for e in run.vtog.options[o].edges], acc)
+def _priced(run: Run, options: set[int], s: LocalStrategy | None = None) -> _Priced:
+    """A valid solution (``options``, or its strategy ``s``) with each group's cheapest implementation for its
+    maps, and its objective: a caller's hint, or a repair (a rejected solution minus the options around each
+    violation, validated by :func:`_nogoods`)."""
+    if s is None:
+        s = LocalStrategy(run.vtog, [e for o in options for e in run.vtog.options[o].edges],
+                          run.oracle.accounting(run.vtog))
     impl = best_implementations(run.oracle, s)
     s.set_implementations(impl)
-    return _Repair(options, s, impl, run.oracle.evaluate(s, rows=False).objective)
+    return _Priced(options, s, impl, run.oracle.evaluate(s, rows=False).objective)
 
 
 def _proven_by_bound(solver, obj, acc, objective: float, gap_limit: float) -> bool:

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 import torch
 
 from ..core import implementation as im
-from ..core.graph import TensorGraph, folded, kernel_io, step_outputs, written_back_within
+from ..core.graph import NOT_FOLDABLE, TensorGraph, folded, kernel_io, step_outputs, written_back_within
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
@@ -221,31 +221,20 @@ def _written_whole(ctx: Context, kept: Sequence[str], u: str) -> bool:
 GENERATED_OPS_LIMIT = 64   # ops recomputed per generated input: index arithmetic, not a whole table's program
 
 
-def generated_inputs(graph: TensorGraph, ins: Sequence[str]) -> set[str]:
-    """The inputs of a region that are computed from nothing: every op upstream of them is a captured, pure ATen
-    op and the chain starts at ops without tensor inputs (``arange``, ``full``), at most
-    :data:`GENERATED_OPS_LIMIT` ops each.  A resize's index arithmetic and its cubic weights are such tensors.
+def generated_inputs(graph: TensorGraph, ins: Sequence[str]) -> dict[str, set[str]]:
+    """The inputs of a region that are computed from nothing, each with the ops that compute it: every op upstream
+    of it is a captured, pure ATen op and the chain starts at ops without tensor inputs (``arange``, ``full``),
+    at most :data:`GENERATED_OPS_LIMIT` ops.  A resize's index arithmetic and its cubic weights are such tensors.
     They fold at build (they are constants), so the region would read them as index tensors; torch.compile
     computes them in the kernel that reads them, and the region then does too (EfficientViT-B1's bicubic
     resize on an H100: 132.5 us reading the folded indices, 83.7 us in torch.compile's kernel)."""
-    out = set()
-    for t in ins:
-        ops = _upstream(graph, t)
-        if ops is not None and len(ops) <= GENERATED_OPS_LIMIT:
-            out.add(t)
-    return out
-
-
-def generated_ops(graph: TensorGraph, tensors: Iterable[str]) -> list[str]:
-    """The ops that compute ``tensors`` (:func:`generated_inputs`), in the graph's order."""
-    need = set().union(*(_upstream(graph, t) or set() for t in tensors))
-    return [o for o in graph.ops if o in need]
+    return {t: ops for t in ins if (ops := _upstream(graph, t)) is not None}
 
 
 def _upstream(graph: TensorGraph, t: str) -> set[str] | None:
     """The ops ``t`` is computed by, back to ops without tensor inputs; None where anything upstream reads an
-    input, a parameter or a buffer, is not a captured ATen op, or is random."""
-    from ..core.graph import _NOT_FOLDABLE
+    input, a parameter or a buffer, is not a captured ATen op, is random, or there are over
+    :data:`GENERATED_OPS_LIMIT` of them."""
     seen: set[str] = set()
     stack = [t]
     while stack:
@@ -255,7 +244,7 @@ def _upstream(graph: TensorGraph, t: str) -> set[str] | None:
         if p in seen:
             continue
         op = graph.ops[p]
-        if op.node is None or any(w in op.target_name for w in _NOT_FOLDABLE) or len(seen) >= GENERATED_OPS_LIMIT:
+        if op.node is None or any(w in op.target_name for w in NOT_FOLDABLE) or len(seen) >= GENERATED_OPS_LIMIT:
             return None
         seen.add(p)
         stack.extend(op.inputs)
@@ -272,11 +261,12 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE, eager: 
             raise ValueError(f"group {st} ({g.groups[st].kind}) has an op Inductor cannot compile")
     ops = region_ops(g, steps)
     ins, outs = region_io(ctx, steps)
-    generated = generated_inputs(g, ins) if any(_upstream(g, t) is None for t in outs) else set()
+    generated = generated_inputs(g, ins) if any(_upstream(g, t) is None for t in outs) else {}
     if generated:    # computed in the region from nothing, as torch.compile computes them, not read
         # (a region that is itself index arithmetic, folded at build, reads the last step's result as before)
         ins = [t for t in ins if t not in generated]
-        ops = [*[o for o in generated_ops(g, generated) if o not in ops], *ops]
+        need = set().union(*generated.values()) - set(ops)
+        ops = [*[o for o in g.ops if o in need], *ops]      # in the graph's order
     pre, post, args = [], [], []
     for t in ins:
         x, gather = _read(ctx, t)

@@ -187,7 +187,7 @@ FOLD_LIMIT_BYTES = 64 << 10
 
 
 # Ops whose result is not a function of their inputs (random numbers, uninitialised memory): never folded.
-_NOT_FOLDABLE = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "multinomial", "poisson",
+NOT_FOLDABLE = ("rand", "bernoulli", "dropout", "normal", "uniform", "exponential", "multinomial", "poisson",
                  "empty")
 
 
@@ -205,7 +205,7 @@ def constant_tensors(graph: TensorGraph, fold_limit: int = FOLD_LIMIT_BYTES, by_
     for name in list(graph.ops) if by_op else graph.steps or list(graph.ops):
         if name in kernels:
             ops = kernels[name]
-            if any(any(w in graph.ops[o].target_name for w in _NOT_FOLDABLE) for o in ops):
+            if any(any(w in graph.ops[o].target_name for w in NOT_FOLDABLE) for o in ops):
                 continue
             ins, _ = kernel_io(graph, ops)
             outs = [t for o in ops for t in graph.ops[o].outputs]
