@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Container, Iterable, Iterator, Sequence
 
+import networkx as nx
 import numpy as np
 import torch
 
@@ -1455,25 +1456,15 @@ class Accounting:
         :meth:`CostOracle.region_fusions_taken`): each chain of inlined kernels is one generated kernel, and a
         tensor made and read only inside it stays in registers (Inductor's scheduler drops such a buffer).
         Not a graph output, and every reader a kernel of the chain (a movement op reading it: kept)."""
-        parent: dict[str, str] = {}
-
-        def root(k: str) -> str:
-            while parent.get(k, k) != k:
-                k = parent[k]
-            return k
-
-        for k, into in inlined:
-            a, b = root(k), root(into)
-            if a != b:
-                parent[a] = b
+        chains = nx.Graph(list(inlined))
         g, out = self.graph, set()
-        for k in parent:
-            r = root(k)
-            for t in self.kernel_io[k][1]:
-                info = g.tensors[t]
-                if not info.is_output and info.consumers and \
-                        all(c in self.op_kernel and root(self.op_kernel[c]) == r for c in info.consumers):
-                    out.add(t)
+        for chain in nx.connected_components(chains):
+            for k in chain:
+                for t in self.kernel_io[k][1]:
+                    info = g.tensors[t]
+                    if not info.is_output and info.consumers and \
+                            all(self.op_kernel.get(c) in chain for c in info.consumers):
+                        out.add(t)
         return out
 
     def peak_bytes(self, maps_targets: Mapping[str, Iterable[str]], in_regions: Iterable[str] = (),

@@ -953,3 +953,31 @@ def test_what_inductor_computes_in_one_kernel_is_not_held():
     assert on_templates == _brute_peak(v, Strategy(v, s.edges))
     assert on_inductor < on_templates
     assert AnalyticalOracle("H200").evaluate(Strategy(v, s.edges)).peak_bytes == on_templates
+
+
+def test_a_chain_inlined_into_its_first_kernel_holds_that_kernel_s_result_in_registers():
+    """Whichever way a chain is inlined (a consumer into its producer, as an epilogue is), its tensors read only
+    inside the chain are never stored: those of the kernel the others are inlined *into* too.  (The union-find
+    this replaced walked only the kernels it re-parented, and so missed the root's.)"""
+    from torch import nn
+
+    from vtcsearch.core.capture import capture
+
+    class M(nn.Module):
+        def forward(self, x):
+            t = nn.functional.hardswish(x + 1)
+            return t * 2, t[:, :1] + 1
+
+    v = build_vtog(capture(M().eval(), (torch.randn(2, 3, 8, 8),)))
+    acc = AnalyticalOracle("H200", implementations=("inductor", "library", "triton")).accounting(v)
+    g = v.graph
+    pairs = [(k2, k1) for k1 in acc.kernel_ops for k2 in acc.kernel_ops if k1 != k2
+             and any(not g.tensors[t].is_output and g.tensors[t].consumers
+                     and {acc.op_kernel.get(c) for c in g.tensors[t].consumers} == {k2}
+                     for t in acc.kernel_io[k1][1])]
+    assert pairs
+    for k2, k1 in pairs:
+        made = {t for t in acc.kernel_io[k1][1] if not g.tensors[t].is_output and g.tensors[t].consumers
+                and {acc.op_kernel.get(c) for c in g.tensors[t].consumers} == {k2}}
+        assert made <= acc.fused_in_registers([(k2, k1)])         # k2 inlined into k1: k1 is the root
+        assert made <= acc.fused_in_registers([(k1, k2)])         # and the other way round
