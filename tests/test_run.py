@@ -560,6 +560,21 @@ def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
     assert not (tmp_path / "strategies" / "c_ilp.json").exists()   # no strategy file for what was not measured
 
 
+def test_a_stopped_note_goes_once_later_pieces_measured_what_it_missed():
+    """A note saying a stopped run left variants unmeasured is wrong once a later piece measured them all; it stays
+    while one of them is still unmeasured."""
+    from vtcsearch.run import settle_stopped
+    note = "the run was stopped during the benchmark of c bs1: 0 measured variant(s) kept, vtc_ilp, vtc_none not measured"
+    other = "the run was stopped during the benchmark of c bs16: 0 measured variant(s) kept, vtc_ilp not measured"
+    row = lambda b, v: {"case": "c", "batch": b, "variant": v, "status": "ok", "measured_latency_us": 1.0}  # noqa: E731
+    summary = {"rows": [row(1, "vtc_ilp")], "notes": [note, other, "unrelated"]}
+    settle_stopped(summary)
+    assert summary["notes"] == [note, other, "unrelated"]                   # vtc_none still unmeasured
+    summary["rows"] += [row(1, "vtc_none"), {**row(16, "vtc_ilp"), "measured_latency_us": None}]
+    settle_stopped(summary)
+    assert summary["notes"] == [other, "unrelated"]
+
+
 # ---------------------------------------------------------------------------
 # results are never lost
 # ---------------------------------------------------------------------------

@@ -1253,6 +1253,7 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     from . import report
     summary["wall_s"] = wall_s
     refresh_floors(summary)
+    settle_stopped(summary)
     labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
     for key in ("cases", "rows", "numerics", "steps", "conv_layers", "profile"):   # config order, whatever order
@@ -1451,6 +1452,23 @@ def forget_failure(summary: dict[str, Any], case: dict[str, Any]) -> None:
     case["error"] = None
     failed = f"case {case['case']} bs{case['batch']} failed: "
     summary["notes"] = [n for n in summary.get("notes", []) if not n.startswith(failed)]
+
+
+STOPPED_NOTE = re.compile(r"the run was stopped during the .+? of (?P<case>\S+) bs(?P<batch>\d+): \d+ measured "
+                          r"variant\(s\) kept, (?P<missing>.+) not measured$")
+
+
+def settle_stopped(summary: dict[str, Any]) -> None:
+    """A stopped run's note that variants of a case went unmeasured goes once later pieces measured them all
+    (Swin-T's note stayed beside the rows that a later call measured)."""
+    measured = {(r.get("case"), r.get("batch"), r.get("variant")) for r in summary.get("rows", [])
+                if r.get("status") == "ok" and r.get("measured_latency_us") is not None}
+
+    def settled(note: str) -> bool:
+        m = STOPPED_NOTE.match(note)
+        return m is not None and all((m["case"], int(m["batch"]), v) in measured for v in m["missing"].split(", "))
+    notes = summary.setdefault("notes", [])
+    notes[:] = [n for n in notes if not settled(n)]      # in place: a run's context appends to the same list
 
 
 def settle_failures(summary: dict[str, Any]) -> None:
