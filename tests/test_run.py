@@ -560,19 +560,23 @@ def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
     assert not (tmp_path / "strategies" / "c_ilp.json").exists()   # no strategy file for what was not measured
 
 
-def test_a_stopped_note_goes_once_later_pieces_measured_what_it_missed():
-    """A note saying a stopped run left variants unmeasured is wrong once a later piece measured them all; it stays
-    while one of them is still unmeasured."""
-    from vtcsearch.run import settle_stopped
+def test_notes_later_pieces_made_wrong_go():
+    """A note saying a stopped run left variants unmeasured is wrong once a later piece measured them all (it stays
+    while one of them is still unmeasured); of a case's guard verdicts only the last stays."""
+    from vtcsearch.run import settle_notes
     note = "the run was stopped during the benchmark of c bs1: 0 measured variant(s) kept, vtc_ilp, vtc_none not measured"
     other = "the run was stopped during the benchmark of c bs16: 0 measured variant(s) kept, vtc_ilp not measured"
     row = lambda b, v: {"case": "c", "batch": b, "variant": v, "status": "ok", "measured_latency_us": 1.0}  # noqa: E731
     summary = {"rows": [row(1, "vtc_ilp")], "notes": [note, other, "unrelated"]}
-    settle_stopped(summary)
+    settle_notes(summary)
     assert summary["notes"] == [note, other, "unrelated"]                   # vtc_none still unmeasured
     summary["rows"] += [row(1, "vtc_none"), {**row(16, "vtc_ilp"), "measured_latency_us": None}]
-    settle_stopped(summary)
+    settle_notes(summary)
     assert summary["notes"] == [other, "unrelated"]
+    kept = lambda b, us: f"case c bs{b}: the guard kept vtc_none ({us} us) over vtc_ilp (9.0 us), as ..."  # noqa: E731
+    summary["notes"] = [kept(1, 5.0), kept(16, 7.0), "unrelated", kept(1, 6.0)]
+    settle_notes(summary)
+    assert summary["notes"] == [kept(16, 7.0), "unrelated", kept(1, 6.0)]
 
 
 # ---------------------------------------------------------------------------

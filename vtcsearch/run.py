@@ -1253,7 +1253,7 @@ def write_summary(out: Path, summary: dict[str, Any], kernel_rows: list[dict[str
     from . import report
     summary["wall_s"] = wall_s
     refresh_floors(summary)
-    settle_stopped(summary)
+    settle_notes(summary)
     labels = [case_label(p, summary["config"]["workload"]["name"]) for p in summary["config"]["workload"]["cases"]]
     order = lambda r: (labels.index(r["case"]) if r["case"] in labels else len(labels), r["batch"])  # noqa: E731
     for key in ("cases", "rows", "numerics", "steps", "conv_layers", "profile"):   # config order, whatever order
@@ -1456,19 +1456,24 @@ def forget_failure(summary: dict[str, Any], case: dict[str, Any]) -> None:
 
 STOPPED_NOTE = re.compile(r"the run was stopped during the .+? of (?P<case>\S+) bs(?P<batch>\d+): \d+ measured "
                           r"variant\(s\) kept, (?P<missing>.+) not measured$")
+GUARD_NOTE = re.compile(r"case (?P<case>\S+) bs(?P<batch>\d+): (the guard kept|unguarded)")
 
 
-def settle_stopped(summary: dict[str, Any]) -> None:
-    """A stopped run's note that variants of a case went unmeasured goes once later pieces measured them all
-    (Swin-T's note stayed beside the rows that a later call measured)."""
+def settle_notes(summary: dict[str, Any]) -> None:
+    """Notes that later pieces made wrong go: a stopped run's note that variants of a case went unmeasured once
+    they are all measured (Swin-T's stayed beside the rows a later call measured), and a guard's verdict on a
+    case once a later piece guarded it again (only the last one stays)."""
     measured = {(r.get("case"), r.get("batch"), r.get("variant")) for r in summary.get("rows", [])
                 if r.get("status") == "ok" and r.get("measured_latency_us") is not None}
+    notes = summary.setdefault("notes", [])
+    last_guard = {(m["case"], m["batch"]): i for i, n in enumerate(notes) if (m := GUARD_NOTE.match(n))}
 
-    def settled(note: str) -> bool:
+    def settled(i: int, note: str) -> bool:
+        if (m := GUARD_NOTE.match(note)) is not None:
+            return last_guard[(m["case"], m["batch"])] != i
         m = STOPPED_NOTE.match(note)
         return m is not None and all((m["case"], int(m["batch"]), v) in measured for v in m["missing"].split(", "))
-    notes = summary.setdefault("notes", [])
-    notes[:] = [n for n in notes if not settled(n)]      # in place: a run's context appends to the same list
+    notes[:] = [n for i, n in enumerate(notes) if not settled(i, n)]   # in place: a run's context appends to it
 
 
 def settle_failures(summary: dict[str, Any]) -> None:
