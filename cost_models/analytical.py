@@ -7,7 +7,7 @@ For one unit in one configuration::
     t         = max(t_mem, t_compute) + launch + graph gap
 
 Bytes come from the resolved maps of the unit's operands
-(:class:`~cost_models.accounting.TrafficModel`):
+(:class:`~cost_models.traffic.TrafficModel`, the accounting's with memos of a first query's numeric work):
 
 * **distinct elements go to DRAM**: a virtual input read through an Expand map
   moves the bytes of the physical elements it touches once; the repeated reads
@@ -57,16 +57,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from vtcsearch.codegen.heads import head_group
 from vtcsearch.codegen.split_k import split_configs
+from vtcsearch.core.expr import Var
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
     strided_view_strides
 
-from .accounting import Traffic, TrafficModel, UnitSpec, attention_density, op_flops
+from .accounting import Traffic, UnitSpec, attention_density, op_flops
 from .base import CostOracle, Objective, UnitCost
 from .hardware import EFFICIENCY, Hardware
+from .traffic import TrafficModel
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ class AnalyticalOracle(CostOracle):
         key = self.traffic.signature(m, itemsize, strides)
         g = self._groups.get(key)
         if g is None:
-            g = self._groups[key] = head_group(m, lambda t: strides[t])
+            g = self._groups[key] = affine_head_group(m, lambda t: strides[t])
         if g > 1:
             tr.l2_bytes = max(0.0, tr.l2_bytes - (tr.elements - tr.elements / g) * itemsize)
         return tr
@@ -365,8 +367,12 @@ class AnalyticalOracle(CostOracle):
             # on the same operands (EfficientViT's depthwise convs, priced above the library, went to cuDNN
             # outside Inductor's regions: they cut them, and ran 0.84x of torch.compile on an H100)
             lib = self._library(spec).detail
-            if lib["t_call"] + lib["t_epilogue"] < t_call + t_ep:
-                t_call, t_ep, t_serial = lib["t_call"], lib["t_epilogue"], lib["t_serial"]
+            # the library's call needs dense operands there too: what Inductor can pass strided and the library
+            # cannot, it copies (DeiT-tiny's patch embedding at bs 16, written into the token concat's storage,
+            # ran as Inductor's template, 95.8 us, where a dense output let cuDNN run it in 70.9 us; H100)
+            t_dense = max(0.0, lib["t_copy"] - t_copy)
+            if lib["t_call"] + lib["t_epilogue"] + t_dense < t_call + t_ep:
+                t_call, t_ep, t_serial = lib["t_call"] + t_dense, lib["t_epilogue"], lib["t_serial"]
         return UnitCost(t_copy + t_call + t_ep, bytes=dense, flops=spec.flops,
                         detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call,
                                 "t_epilogue": t_ep, "t_serial": t_serial})
@@ -387,6 +393,33 @@ class AnalyticalOracle(CostOracle):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source, "split_k": self.split_k}
+
+
+def affine_head_group(m: Any, strides: Callable[[str], Sequence[int]]) -> int:
+    """:func:`~vtcsearch.codegen.heads.head_group` of ``m``, without simplifying anything where every piece's
+    offset and predicates are affine (then they ignore the head's remainder in a group of ``g`` exactly when
+    they ignore the head: its coefficient is zero), so a plain strided operand is answered at once instead of
+    substituting and simplifying for every divisor of the head count (most of a decode attention's first query).
+    Maps with div/mod or lookups: ``head_group`` itself."""
+    dim = 1 if len(m.shape) == 4 else 0
+    h = m.shape[dim] if len(m.shape) in (3, 4) else 1
+    sizes = [g for g in range(min(h, 32), 1, -1) if h % g == 0]
+    if not sizes:
+        return 1
+    try:
+        exprs = []
+        for p in m.pieces:
+            exprs.extend(c for c, _, _ in p.conds)
+            if p.target is not None:
+                exprs.append(p.offset(strides(p.target)))
+    except (KeyError, IndexError, ValueError):   # head_group says where, or never asks (unaligned pieces)
+        return head_group(m, strides)
+    if not all(e.is_affine() for e in exprs):
+        return head_group(m, strides)
+    head = Var(f"i{dim}")
+    if any(e.coef(head) != 0 for e in exprs):
+        return 1
+    return next((g for g in sizes if all(not (p.region[dim][0] % g or p.region[dim][1] % g) for p in m.pieces)), 1)
 
 
 def _kind(spec: UnitSpec) -> str:

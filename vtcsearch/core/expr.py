@@ -33,6 +33,20 @@ class Atom:
             object.__setattr__(self, "_key", k)
         return k
 
+    def _cached_hash(self) -> int:
+        """The dataclass hash of the fields, computed once (atoms key every memo of :func:`simplify` and the
+        dicts of :class:`Expr`'s terms; the generated hash builds a tuple of the fields at every lookup)."""
+        try:
+            return self.__dict__["_hash"]
+        except KeyError:
+            h = hash(tuple(getattr(self, f) for f in self.__dataclass_fields__))
+            object.__setattr__(self, "_hash", h)
+            return h
+
+    def __getstate__(self) -> dict:
+        # a pickled atom is rebuilt in another process, whose string hashes differ: no cached hash travels
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 @dataclass(frozen=True, repr=False)
 class Var(Atom):
@@ -83,6 +97,10 @@ class Lookup(Atom):
 
     def __repr__(self) -> str:
         return f"{self.table}[{', '.join(map(repr, self.index))}]"
+
+
+for _cls in (FloorDiv, Mod, Lookup):
+    _cls.__hash__ = Atom._cached_hash   # type: ignore[method-assign]
 
 
 def _term_key(t: tuple[Atom, int]) -> str:
@@ -320,7 +338,8 @@ class Expr:
         same = True
         for a, c in self.terms:
             e = fn(a)
-            if same and not (e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1 and e.terms[0][0] == a):
+            if same and not (e.const == 0 and len(e.terms) == 1 and e.terms[0][1] == 1
+                             and (e.terms[0][0] is a or e.terms[0][0] == a)):
                 same = False
             const += e.const * c
             for b, d in e.terms:
@@ -506,7 +525,17 @@ def _simplify_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
     atoms again and again, and each rewrite builds several expressions."""
     if not isinstance(a, (FloorDiv, Mod)):
         return _rewrite_atom(a, ranges, divisors)
-    return _by_ranges(_ATOMS, a, ranges, (divisors,), lambda: _rewrite_atom(a, ranges, divisors))
+    # _by_ranges(_ATOMS, a, ranges, (divisors,), ...) inlined: most calls are hits, and they are many
+    try:
+        key = (a, tuple(tuple(ranges[v]) for v in a.arg.sorted_vars()), divisors)
+    except KeyError:
+        return _rewrite_atom(a, ranges, divisors)
+    hit = _ATOMS.get(key)
+    if hit is None:
+        if len(_ATOMS) > 1 << 20:   # a bound on memory
+            _ATOMS.clear()
+        hit = _ATOMS[key] = _rewrite_atom(a, ranges, divisors)
+    return hit
 
 
 _ATOMS: dict = {}   # (div/mod atom, ranges of its variables, divisors) -> _simplify_atom
@@ -562,7 +591,24 @@ def _split_divisor(arg: Expr, d: int, ranges: Ranges) -> tuple[Expr, Expr, int] 
 
 
 def _merge_divmod(e: Expr) -> Expr:
-    """``e`` with the merges of :func:`_find_merge` applied (``e`` itself where there is none)."""
+    """``e`` with the merges of :func:`_find_merge` applied (``e`` itself where there is none).
+
+    Memoized per expression (it reads nothing else): every fixpoint round of :func:`simplify` asks it of its
+    result, and the rounds of one expression under other ranges reach the same intermediate forms."""
+    if not any(isinstance(a, Mod) for a, _ in e.terms):   # every merge removes a modulo
+        return e
+    hit = _MERGED.get(e)
+    if hit is None:
+        if len(_MERGED) > 1 << 18:   # a bound on memory
+            _MERGED.clear()
+        hit = _MERGED[e] = _compute_merge_divmod(e)
+    return hit
+
+
+_MERGED: dict[Expr, Expr] = {}   # expression -> _merge_divmod
+
+
+def _compute_merge_divmod(e: Expr) -> Expr:
     terms, const = dict(e.terms), e.const
     if (hit := _find_merge(terms)) is None:
         return e
@@ -633,6 +679,99 @@ def _interpret(e: Expr, env, tables, done: dict) -> np.ndarray | int:
     for a, c in e.terms:
         out = out + c * _eval_atom(a, env, tables, done)
     return out
+
+
+Grid = tuple[tuple[str, int, int], ...]   # (variable, lo, hi) per axis of a sparse ``ij`` grid
+
+
+def evaluate_grid(e: Expr, grid: Grid, syms: Mapping[str, int] | None = None) -> np.ndarray | int:
+    """:func:`evaluate` over a box: ``env`` holds, for axis ``k`` of ``grid`` = ``(var, lo, hi)``, the sparse
+    ``ij`` meshgrid axis of ``np.arange(lo, hi)`` (int64), and ``syms``.  The same integers, in the same shape.
+
+    Each div/mod atom's values are memoized per the atom and the axes of its variables (position, range; none
+    with runtime scalars): the predicates and offsets of a residual copy's pairs, and of every copy between
+    maps composed through one chain, nest the same atoms, which :func:`evaluate` computes again in each
+    expression (the interpreter shares them only inside one).  With an index tensor: :func:`evaluate`."""
+    axes = _grid_axes(grid)
+    syms = syms or {}
+    if e.has_lookup():
+        return evaluate(e, {**{v: ax[3] for v, ax in axes.items()}, **syms})
+    return _grid_eval(e, axes, len(grid), syms, {})
+
+
+def grid_terms(e: Expr, grid: Grid, syms: Mapping[str, int] | None = None) -> list[tuple[int, Any]]:
+    """(coefficient, values over the grid) of each of ``e``'s terms, in order, as :func:`evaluate_grid` sums
+    them (``e`` without index tensors): a caller that needs the sum over part of the grid only slices them."""
+    axes = _grid_axes(grid)
+    done: dict = {}
+    return [(c, _grid_atom(a, axes, len(grid), syms or {}, done)) for a, c in e.terms]
+
+
+_GRID_AXES: dict[Grid, dict[str, tuple]] = {}    # grid -> {var: (position, lo, hi, sparse axis)}
+_GRID_VALUES: dict[tuple, Any] = {}              # (div/mod atom, ndim, its variables' axes) -> its values
+
+
+def _grid_axes(grid: Grid) -> dict[str, tuple]:
+    got = _GRID_AXES.get(grid)
+    if got is None:
+        arrays = np.meshgrid(*[np.arange(lo, hi, dtype=np.int64) for _, lo, hi in grid], indexing="ij",
+                             sparse=True) if grid else []
+        got = {}
+        for k, ((v, lo, hi), a) in enumerate(zip(grid, arrays)):
+            a.flags.writeable = False   # shared by every evaluation over this grid
+            got[v] = (k, lo, hi, a)
+        if len(_GRID_AXES) > 1 << 12:   # a bound on memory
+            _GRID_AXES.clear()
+        _GRID_AXES[grid] = got
+    return got
+
+
+def _grid_eval(e: Expr, axes: dict[str, tuple], ndim: int, syms: Mapping[str, int], done: dict):
+    """``e`` over the grid, as the interpreter sums it; ``done``: arguments evaluated in this call."""
+    out = e.const
+    for a, c in e.terms:
+        out = out + c * _grid_atom(a, axes, ndim, syms, done)
+    return out
+
+
+def _grid_atom(a: Atom, axes: dict[str, tuple], ndim: int, syms: Mapping[str, int], done: dict):
+    t = type(a)
+    if t is Var:
+        ax = axes.get(a.name)
+        if ax is None:
+            raise KeyError(f"no value for index variable {a.name!r}")
+        return ax[3]
+    if t is Sym:
+        if a.name not in syms:
+            raise KeyError(f"no value for runtime scalar {a.name!r}")
+        return syms[a.name]
+    if t is not FloorDiv and t is not Mod:
+        raise TypeError(a)
+    v = done.get(a)
+    if v is not None:
+        return v
+    arg = a.arg
+    key = None
+    if not arg.syms():
+        try:
+            key = (a, ndim, tuple(axes[x][:3] for x in arg.sorted_vars()))
+        except KeyError:
+            key = None   # a variable off the grid: the evaluation below says which
+        else:
+            v = _GRID_VALUES.get(key)
+    if v is None:
+        x = done.get(arg)
+        if x is None:
+            x = done[arg] = _grid_eval(arg, axes, ndim, syms, done)
+        v = x // a.div if t is FloorDiv else x % a.div
+        if key is not None and np.size(v) <= 4096:
+            if isinstance(v, np.ndarray):
+                v.flags.writeable = False   # shared by every expression holding the atom
+            if len(_GRID_VALUES) > 1 << 14:   # a bound on memory
+                _GRID_VALUES.clear()
+            _GRID_VALUES[key] = v
+    done[a] = v
+    return v
 
 
 _INTERPRETED: set[Expr] = set()                # evaluated once: the next evaluation compiles

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .expr import Expr, Sym, Var, bounds, evaluate, rename_tables, simplify, var
+from .expr import Expr, Sym, Var, bounds, evaluate, evaluate_grid, grid_terms, rename_tables, simplify, var
 
 Region = tuple[tuple[int, int], ...]
 Cond = tuple[Expr, int, int]  # lo <= expr < hi
@@ -533,13 +533,17 @@ def register_memo(memo: dict) -> dict:
 
 def clear_memos() -> None:
     """Forget the process-wide memos of maps and expressions (timings from a cold start; tests)."""
-    from .expr import _ATOMS, _BOUNDS, _INTERNED, _SIMPLIFIED
+    from .expr import _ATOMS, _BOUNDS, _GRID_AXES, _GRID_VALUES, _INTERNED, _MERGED, _SIMPLIFIED
     _INTERNED.clear()
+    _MERGED.clear()
+    _GRID_AXES.clear()
+    _GRID_VALUES.clear()
     _SIMPLIFIED.clear()
     _ATOMS.clear()
     _BOUNDS.clear()
     _NORMALIZED.clear()
     _RUNS.clear()
+    _NUMERIC_RUNS.clear()
     _VERDICTS.clear()
     _OFFSETS.clear()
     _COMPOSED.clear()
@@ -700,10 +704,35 @@ def _without_lookups(e: Expr) -> Expr:
 
 
 def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
-    """Length of the first contiguous run of a non-affine piece, by evaluation on a sample."""
+    """Length of the first contiguous run of a non-affine piece, by evaluation on a sample.
+
+    Memoized per (offset simplified over the piece, region, sample): all the evaluation reads.  Pieces whose raw
+    offsets differ (a channel shuffle composed through another chain of layers, or into another storage) often
+    simplify to one offset over the same box, and its evaluation is most of a first query's run."""
     if off.has_lookup():
         off = _without_lookups(off)
-    region = list(p.region)
+    # the same values over the piece, with far fewer array operations for nested div/mod (a channel shuffle)
+    off = simplify(off, p.ranges(), divisors=True)
+    key = (off, p.region, sample)
+    hit = _NUMERIC_RUNS.get(key)
+    if hit is None:
+        hit = _remember(_NUMERIC_RUNS, key, _evaluate_run(off, p.region, sample))
+    return hit
+
+
+_NUMERIC_RUNS: dict[tuple, int] = {}   # (simplified offset, region, sample) -> _numeric_run
+
+
+def _evaluate_run(off: Expr, region: Region, sample: int, min_prefix: int = 256) -> int:
+    """:func:`_numeric_run` of the simplified offset ``off`` over ``region``: the first break (a step other
+    than +1) in the row-major order of a sample box of ``region``.
+
+    Sought over growing prefixes of that order (the first two indices of one dim, the dims inside it whole,
+    the ones outside at their first index), each summed from the terms' values over the box, which are
+    small sparse arrays (:func:`~vtcsearch.core.expr.grid_terms`): a run that ends after a plane of a
+    channel-major tensor is found in two planes, not in all of the sample's.  ``min_prefix``: the fewest
+    elements worth a sum of their own (tests lower it to check every prefix)."""
+    region = list(region)
     # take the innermost dims whole and the outer ones at their first index, up to `sample` elements
     count = 1
     for d in reversed(range(len(region))):
@@ -714,12 +743,45 @@ def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
                 region[e] = (region[e][0], region[e][0] + 1)
             break
         count *= hi - lo
-    # the same values over the piece, with far fewer array operations for nested div/mod (a channel shuffle)
-    off = simplify(off, p.ranges(), divisors=True)
-    grids = np.meshgrid(*[np.arange(lo, hi) for lo, hi in region], indexing="ij", sparse=True)   # broadcast
-    env = {f"i{k}": g for k, g in enumerate(grids)}
-    env.update({s.name: s.lo for s in off.syms()})
-    vals = np.broadcast_to(np.asarray(evaluate(off, env)), tuple(hi - lo for lo, hi in region)).reshape(-1)
+    grid = tuple((f"i{k}", lo, hi) for k, (lo, hi) in enumerate(region))
+    syms = {s.name: s.lo for s in off.syms()}
+    shape = tuple(hi - lo for lo, hi in region)
+    size = math.prod(shape)
+    if size <= 1 or off.has_lookup():
+        vals = np.broadcast_to(np.asarray(evaluate_grid(off, grid, syms)), shape).reshape(-1)
+        return _first_break(vals)
+    terms = grid_terms(off, grid, syms)
+
+    def first_break(box: tuple[int, ...]) -> int | None:
+        """The run if it ends inside the prefix ``box`` (its elements summed from the terms), else None."""
+        out: Any = off.const
+        for c, v in terms:
+            if isinstance(v, np.ndarray):
+                v = v[tuple(slice(None) if v.shape[k] == 1 else slice(0, box[k]) for k in range(len(box)))]
+            out = out + c * v
+        vals = np.broadcast_to(np.asarray(out), box).reshape(-1)
+        breaks = np.nonzero(np.diff(vals) != 1)[0]
+        return int(breaks[0] + 1) if breaks.size else None
+
+    inner = 1   # elements of the dims inside d
+    for d in reversed(range(len(shape))):
+        if shape[d] == 1:
+            continue
+        prefix = inner * 2
+        inner *= shape[d]
+        if prefix < min_prefix:   # too small for a sum of its own: a longer prefix holds it
+            continue
+        run = first_break(tuple(1 if k < d else 2 if k == d else shape[k] for k in range(len(shape))))
+        if run is not None:
+            return run
+        if prefix == size:
+            return size
+    run = first_break(shape)
+    return size if run is None else run
+
+
+def _first_break(vals: np.ndarray) -> int:
+    """Elements before the first step other than +1 in ``vals`` (all of them where there is none)."""
     if vals.size <= 1:
         return int(vals.size)
     breaks = np.nonzero(np.diff(vals) != 1)[0]
