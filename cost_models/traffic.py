@@ -114,7 +114,7 @@ class TrafficModel(_BaseTrafficModel):
                 m = (v >= lo) & (v < hi)
                 if isinstance(m, np.ndarray):
                     m.flags.writeable = False   # shared by the pieces with this predicate
-                m = _remember(self._masks, key, m, 1 << 16)
+                m = _remember(self._masks, key, m, 1 << 14)   # at most 64 MiB of masks
             mask &= m
         return float(mask.mean()) if mask.size else 1.0
 

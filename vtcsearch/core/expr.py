@@ -764,10 +764,10 @@ def _grid_atom(a: Atom, axes: dict[str, tuple], ndim: int, syms: Mapping[str, in
         if x is None:
             x = done[arg] = _grid_eval(arg, axes, ndim, syms, done)
         v = x // a.div if t is FloorDiv else x % a.div
-        if key is not None and np.size(v) <= 4096:
+        if key is not None and np.size(v) <= 2048:
             if isinstance(v, np.ndarray):
                 v.flags.writeable = False   # shared by every expression holding the atom
-            if len(_GRID_VALUES) > 1 << 14:   # a bound on memory
+            if len(_GRID_VALUES) > 1 << 13:   # a bound on memory (at most 128 MiB of values)
                 _GRID_VALUES.clear()
             _GRID_VALUES[key] = v
     done[a] = v
