@@ -367,12 +367,8 @@ class AnalyticalOracle(CostOracle):
             # on the same operands (EfficientViT's depthwise convs, priced above the library, went to cuDNN
             # outside Inductor's regions: they cut them, and ran 0.84x of torch.compile on an H100)
             lib = self._library(spec).detail
-            # the library's call needs dense operands there too: what Inductor can pass strided and the library
-            # cannot, it copies (DeiT-tiny's patch embedding at bs 16, written into the token concat's storage,
-            # ran as Inductor's template, 95.8 us, where a dense output let cuDNN run it in 70.9 us; H100)
-            t_dense = max(0.0, lib["t_copy"] - t_copy)
-            if lib["t_call"] + lib["t_epilogue"] + t_dense < t_call + t_ep:
-                t_call, t_ep, t_serial = lib["t_call"] + t_dense, lib["t_epilogue"], lib["t_serial"]
+            if lib["t_call"] + lib["t_epilogue"] < t_call + t_ep:
+                t_call, t_ep, t_serial = lib["t_call"], lib["t_epilogue"], lib["t_serial"]
         return UnitCost(t_copy + t_call + t_ep, bytes=dense, flops=spec.flops,
                         detail={"impl": INDUCTOR, "t_copy": t_copy, "library_copies": copies, "t_call": t_call,
                                 "t_epilogue": t_ep, "t_serial": t_serial})
