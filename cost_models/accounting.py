@@ -39,9 +39,9 @@ import networkx as nx
 import numpy as np
 import torch
 
-from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, simplify
+from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, evaluate_grid, simplify
 from vtcsearch.core.graph import TensorGraph, constant_tensors, folded, kernel_io
-from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
+from vtcsearch.core.mapping import IndexMap, Piece, _remember, contiguous_strides, region_size, register_memo
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
@@ -360,7 +360,14 @@ def _atom_ops(e: Expr, per_element: Mapping[str, float] | None = None) -> float:
 
 
 def _atom_vars(a) -> frozenset[str]:
-    return Expr({a: 1}).free_var_set()
+    """``Expr({a: 1}).free_var_set()`` without building the expression."""
+    if isinstance(a, Var):
+        return frozenset((a.name,))
+    if isinstance(a, (FloorDiv, Mod)):
+        return a.arg.free_var_set()
+    if isinstance(a, Lookup):
+        return frozenset().union(*(e.free_var_set() for e in a.index))
+    return frozenset()
 
 
 def tile_frequency(region: Sequence[tuple[int, int]]) -> dict[str, float]:
@@ -412,14 +419,6 @@ def _for_eval(e: Expr, ranges: Mapping[str, tuple[int, int]]) -> Expr:
     return simplify(_unlook(e), ranges, divisors=True)
 
 
-def _grid_env(region, syms: Iterable[Sym]) -> dict[str, Any]:
-    axes = [np.arange(lo, hi, dtype=np.int64) for lo, hi in region]
-    grids = np.meshgrid(*axes, indexing="ij", sparse=True) if axes else []
-    env: dict[str, Any] = {f"i{k}": g for k, g in enumerate(grids)}
-    env.update({s.name: s.lo for s in syms})
-    return env
-
-
 def count_distinct(vals: np.ndarray) -> int:
     """How many distinct values an integer array holds (``np.unique(vals).size``): by counting when they
     span little (linear, where np.unique sorts), else by sorting.  np.unique's first call imports numpy.ma,
@@ -466,6 +465,11 @@ class TrafficModel:
         self.short_run_penalty = short_run_penalty
         self.exact_limit = exact_limit
         self._piece: dict[tuple, tuple[int, int, int, float]] = {}
+        # a first query's numeric work, memoized by what it reads (issue 13): pair pieces of a residual copy through
+        # a chain of shuffles repeat their predicates, offset groups and offsets (tests/test_query_speed.py)
+        self._masks: dict[tuple, np.ndarray] = {}     # (predicate, lo, hi, grid) -> its mask over the grid
+        self._groups: dict[tuple, int] = {}           # (group's expression, its variables' box) -> distinct
+        self._ops: dict[tuple, float] = {}            # (simplified offset, tile frequencies) -> index ops
         self._maps: dict[tuple[int, int], tuple[IndexMap, Traffic]] = {}
         self._runs: dict[tuple, int] = {}
         self._affine: dict[tuple, tuple[int, float, int]] = {}
@@ -603,7 +607,10 @@ class TrafficModel:
         return r
 
     def _piece_stats(self, p: Piece, run: int, st: tuple[int, ...]) -> tuple[int, int, int, float]:
-        # memoized without the run: the run is the caller's (it depends on the domain's shape too)
+        """(count, distinct, run, index ops) of piece ``p`` (memoized without the run: the run is the caller's,
+        it depends on the domain's shape too), the ops of an offset memoized per its simplified form and the box's tile frequencies (offsets of new pieces mostly simplify to ones priced
+        before) and the small pieces' predicates and offset evaluated by
+        :func:`~vtcsearch.core.expr.evaluate_grid`."""
         key = (p, st)
         hit = self._piece.get(key)
         if hit is not None:
@@ -612,7 +619,7 @@ class TrafficModel:
         off = p.offset(st)
         freq = tile_frequency(p.region)
         ranges = {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(p.region)}
-        ops = _atom_ops(simplify(off, ranges, divisors=True), freq)
+        ops = self._offset_ops(simplify(off, ranges, divisors=True), freq)
         ops += sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0) for c, _, _ in p.conds)
         flat = _unlook(off)
         if not p.conds and flat.is_affine():
@@ -623,12 +630,13 @@ class TrafficModel:
             self._piece[key] = res
             return res
         if n <= self.exact_limit:
-            env = _grid_env(p.region, off.syms() | {s for c, _, _ in p.conds for s in c.syms()})
+            grid = tuple((f"i{k}", lo, hi) for k, (lo, hi) in enumerate(p.region))
+            syms = {s.name: s.lo for s in off.syms() | {s for c, _, _ in p.conds for s in c.syms()}}
             mask = np.ones([hi - lo for lo, hi in p.region], dtype=bool)
             for ce, lo, hi in p.conds:
-                v = evaluate(_for_eval(ce, ranges), env)
+                v = evaluate_grid(_for_eval(ce, ranges), grid, syms)
                 mask &= (v >= lo) & (v < hi)
-            vals = np.broadcast_to(np.asarray(evaluate(_for_eval(off, ranges), env)), mask.shape)[mask]
+            vals = np.broadcast_to(np.asarray(evaluate_grid(_for_eval(off, ranges), grid, syms)), mask.shape)[mask]
             count = int(mask.sum())
             distinct = count_distinct(vals)
         else:
@@ -638,6 +646,15 @@ class TrafficModel:
         res = (count, max(distinct, 1 if count else 0), run, ops)
         self._piece[key] = res
         return res
+
+
+    def _offset_ops(self, off: Expr, freq: dict[str, float]) -> float:
+        """:func:`~cost_models.accounting._atom_ops` of a simplified offset, memoized."""
+        key = (off, tuple(freq.items()))
+        hit = self._ops.get(key)
+        if hit is None:
+            hit = _remember(self._ops, key, _atom_ops(off, freq), 1 << 16)
+        return hit
 
     def _cond_fraction(self, p: Piece, sample: int = 4096) -> float:
         """The share of ``p``'s region its predicates keep, from a fixed sample (memoized per region and
@@ -649,25 +666,38 @@ class TrafficModel:
         return hit
 
     def _sample_fraction(self, p: Piece, sample: int) -> float:
+        """The share of ``p``'s region its predicates keep.  Where they read few of the region's variables (a
+        channel shuffle's: the channel, not the pixel), exactly over the grid of those, which the other
+        variables do not change, each predicate's mask memoized per (predicate as evaluated, bounds, grid)
+        and its values by :func:`~vtcsearch.core.expr.evaluate_grid`; else over ``sample`` random points."""
         ranges = p.ranges()
         conds = [(_for_eval(ce, ranges), lo, hi) for ce, lo, hi in p.conds]
-        syms = {s.name: s.lo for c, _, _ in conds for s in c.syms()}
         ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(p.region)}
         used = sorted({v for c, _, _ in conds for v in c.free_var_set()} & set(ext))
-        if math.prod(ext[v] for v in used) <= sample:
-            # the predicates read few of the region's variables (a channel shuffle's: the channel, not the
-            # pixel): exact over their grid, which the other variables do not change
-            grids = np.meshgrid(*[np.arange(*p.region[int(v[1:])]) for v in used], indexing="ij", sparse=True)
-            env: dict[str, Any] = {**dict(zip(used, grids)), **syms}
-            mask = np.ones([ext[v] for v in used], dtype=bool)
-        else:
+        if math.prod(ext[v] for v in used) > sample:
             rng = np.random.default_rng(0)
-            env = {f"i{k}": rng.integers(lo, hi, sample) for k, (lo, hi) in enumerate(p.region)}
-            env.update(syms)
-            mask = np.ones(sample, dtype=bool)
+            env: dict[str, Any] = {f"i{k}": rng.integers(lo, hi, sample) for k, (lo, hi) in enumerate(p.region)}
+            env.update({s.name: s.lo for c, _, _ in conds for s in c.syms()})
+            picked = np.ones(sample, dtype=bool)
+            for ce, lo, hi in conds:
+                v = evaluate(ce, env)
+                picked &= (v >= lo) & (v < hi)
+            return float(picked.mean()) if picked.size else 1.0
+        grid = tuple((v, *p.region[int(v[1:])]) for v in used)
+        syms = None
+        mask = np.ones([ext[v] for v in used], dtype=bool)
         for ce, lo, hi in conds:
-            v = evaluate(ce, env)
-            mask &= (v >= lo) & (v < hi)
+            key = (ce, lo, hi, grid)
+            m = self._masks.get(key)
+            if m is None:
+                if syms is None:
+                    syms = {s.name: s.lo for c, _, _ in conds for s in c.syms()}
+                v = evaluate_grid(ce, grid, syms)
+                m = (v >= lo) & (v < hi)
+                if isinstance(m, np.ndarray):
+                    m.flags.writeable = False   # shared by the pieces with this predicate
+                m = _remember(self._masks, key, m, 1 << 14)   # at most 64 MiB of masks
+            mask &= m
         return float(mask.mean()) if mask.size else 1.0
 
     def _distinct_estimate(self, off: Expr, region) -> int:
@@ -679,12 +709,15 @@ class TrafficModel:
             hit = self._distinct[key] = self._estimate_distinct(off, region)
         return hit
 
-    def _estimate_distinct(self, off: Expr, region) -> int:
+    def _estimate_distinct(self, off: Expr, region: Sequence[tuple[int, int]]) -> int:
+        """How many distinct offsets ``off`` takes over ``region``: the product over groups of variables coupled
+        through one non-linear atom (assumed independent), each group's exact count memoized per (group's
+        expression, the box of its variables): the groups of a new piece's offset are mostly those of pieces priced before."""
         ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(region)}
         # variables coupled through one non-linear atom form a group
         parent = {v: v for v in ext}
 
-        def find(v):
+        def find(v: str) -> str:
             while parent[v] != v:
                 parent[v] = parent[parent[v]]
                 v = parent[v]
@@ -692,27 +725,32 @@ class TrafficModel:
 
         terms = []
         for a, c in off.terms:
-            fv = sorted(Expr({a: 1}).free_vars() & set(ext))
+            fv = sorted(_atom_vars(a) & ext.keys())
             terms.append((a, c, fv))
             for u in fv[1:]:
                 parent[find(u)] = find(fv[0])
         groups: dict[str, list] = {}
+        members: dict[str, set] = {}
         for a, c, fv in terms:
             if fv:
-                groups.setdefault(find(fv[0]), []).append((a, c))
+                root = find(fv[0])
+                groups.setdefault(root, []).append((a, c))
+                members.setdefault(root, set()).update(fv)
         total = 1
         for root, ts in groups.items():
-            vars_ = sorted({v for a, _ in ts for v in Expr({a: 1}).free_vars() & set(ext)})
+            vars_ = sorted(members[root])
             size = math.prod(ext[v] for v in vars_)
             e = Expr(dict(ts))
             if size <= self.exact_limit:
                 sub = tuple(region[int(v[1:])] for v in vars_)
-                axes = [np.arange(lo, hi, dtype=np.int64) for lo, hi in sub]
-                grids = np.meshgrid(*axes, indexing="ij", sparse=True)
-                env = {v: g for v, g in zip(vars_, grids)}
-                env.update({s.name: s.lo for s in e.syms()})
-                vals = np.broadcast_to(np.asarray(evaluate(e, env)), [hi - lo for lo, hi in sub])
-                total *= count_distinct(vals)
+                key = (e, tuple(vars_), sub)
+                n = self._groups.get(key)
+                if n is None:
+                    vals = evaluate_grid(e, tuple((v, lo, hi) for v, (lo, hi) in zip(vars_, sub)),
+                                         {s.name: s.lo for s in e.syms()})
+                    vals = np.broadcast_to(np.asarray(vals), [hi - lo for lo, hi in sub])
+                    n = _remember(self._groups, key, count_distinct(vals), 1 << 16)
+                total *= n
             elif e.is_affine():
                 total *= math.prod(ext[v] for v in vars_ if e.coef(Var(v)) != 0)
             else:

@@ -7,7 +7,7 @@ For one unit in one configuration::
     t         = max(t_mem, t_compute) + launch + graph gap
 
 Bytes come from the resolved maps of the unit's operands
-(:class:`~cost_models.traffic.TrafficModel`, the accounting's with memos of a first query's numeric work):
+(:class:`~cost_models.accounting.TrafficModel`):
 
 * **distinct elements go to DRAM**: a virtual input read through an Expand map
   moves the bytes of the physical elements it touches once; the repeated reads
@@ -65,10 +65,9 @@ from vtcsearch.core.expr import Var
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
     strided_view_strides
 
-from .accounting import Traffic, UnitSpec, attention_density, op_flops
+from .accounting import Traffic, TrafficModel, UnitSpec, attention_density, op_flops
 from .base import CostOracle, Objective, UnitCost
 from .hardware import EFFICIENCY, Hardware
-from .traffic import TrafficModel
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """Fast cost queries (issue 13): every memo and fast path of a query answers as the slow route does.
 
-The traffic model's numeric work (:mod:`cost_models.traffic`), the grid evaluation of expressions
+The traffic model's memos of numeric work (:class:`cost_models.accounting.TrafficModel`), the grid evaluation of expressions
 (:func:`vtcsearch.core.expr.evaluate_grid`), the run of a piece sought over prefixes
 (:func:`vtcsearch.core.mapping._evaluate_run`) and the memo of div/mod merges are each compared with the
-route they replace, on random maps and on a channel-shuffle chain nested as ShuffleNet composes it."""
+route they replace (the traffic model's: a fresh model with every memo cleared), on random maps and on a channel-shuffle chain nested as ShuffleNet composes it."""
 from __future__ import annotations
 
 import numpy as np
@@ -181,40 +181,40 @@ def test_merge_memo_answers_as_the_merge():
             assert _merge_divmod(e) == _compute_merge_divmod(e), e
 
 
-def _models(exact_limit: int):
-    from cost_models.accounting import TrafficModel as Base
-    from cost_models.traffic import TrafficModel as Fast
-    return Fast(exact_limit=exact_limit), Base(exact_limit=exact_limit)
+def _cold(exact_limit: int, ask):
+    """``ask`` answered by a fresh traffic model with every process-wide memo cleared: what no earlier
+    question can change."""
+    from cost_models.accounting import TrafficModel
+    clear_memos()
+    return ask(TrafficModel(exact_limit=exact_limit))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 @given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 6), exact_limit=st.sampled_from([1, 8, 4096]),
        itemsize=st.sampled_from([1, 2, 4]))
-def test_traffic_memos_equal_the_base_model(seed, length, exact_limit, itemsize):
-    """The analytical oracle's traffic model (masks of predicates and distinct counts of offset groups
-    memoized) prices every random map, and maps of each piece paired with the others' predicates, exactly
-    as the accounting's does; ``exact_limit`` 1 and 8 send every piece to the estimates those memos serve."""
+def test_traffic_memos_answer_as_cold(seed, length, exact_limit, itemsize):
+    """One traffic model (masks of predicates, distinct counts of offset groups and index ops memoized) prices
+    every random map, and maps of each piece paired with the others' predicates, as a cold model does;
+    ``exact_limit`` 1 and 8 send every piece to the estimates those memos serve."""
+    from cost_models.accounting import TrafficModel
     c = random_chain(seed, length)
     if c.map.has_lookup() or any(ce.has_lookup() for p in c.map.pieces for ce, _, _ in p.conds):
         return
-    fast, base = _models(exact_limit)
     strides = {t: contiguous_strides(s) for t, s in c.map.target_shapes.items()}
     maps = [c.map] + [IndexMap(c.map.shape, [p], c.map.target_shapes) for p in _pieces(seed, length)]
-    for m in maps:
-        for write in (False, True):
-            assert fast.access(m, itemsize, strides, write) == base.access(m, itemsize, strides, write), m
+    cold = [[_cold(exact_limit, lambda t, m=m, w=w: t.access(m, itemsize, strides, w)) for w in (False, True)]
+            for m in maps]
     clear_memos()
-    fresh, _ = _models(exact_limit)    # cold memos, asked in the other order
-    for m in reversed(maps):
-        assert fresh.access(m, itemsize, strides) == base.access(m, itemsize, strides), m
+    warm = TrafficModel(exact_limit=exact_limit)
+    for m, answers in zip(maps, cold):
+        assert [warm.access(m, itemsize, strides, w) for w in (False, True)] == answers, m
 
 
 def test_traffic_memos_on_shuffle_pairs():
     """Pieces of a nested channel shuffle paired with each other's predicates (a residual copy through a
-    shuffle chain): the same traffic as the accounting's model, with predicates the grid or the sample
+    shuffle chain): one model answers as a cold one, with predicates the grid or the sample
     decides (the sample when the predicates read more than ``sample`` points)."""
-    from cost_models.accounting import TrafficModel as Base
-    from cost_models.traffic import TrafficModel as Fast
+    from cost_models.accounting import TrafficModel
     i0, i1, i2, i3 = (var(f"i{k}") for k in range(4))
     shape = (1, 24, 4, 4)
     pieces = []
@@ -226,31 +226,34 @@ def test_traffic_memos_on_shuffle_pairs():
             pieces.append(Piece("a", region, (i0, ch % 12, i2, i3), conds + other))
             pieces.append(Piece("b", region, (i0, i1, i2, i3), conds))
             pieces.append(Piece("a", region, (i0, (ch + 5) % 12, i3, i2), other))
+    st_ = {"a": contiguous_strides((1, 12, 4, 4)), "b": contiguous_strides((1, 24, 4, 4))}
+    maps = [IndexMap(shape, [p], {"a": (1, 12, 4, 4), "b": (1, 24, 4, 4)}) for p in pieces]
+
+    def answers(t, p, m):      # the sampled branch (8 points) and the exact grid (4096)
+        return t.access(m, 2, st_), t._sample_fraction(p, 8), t._sample_fraction(p, 4096)
     for exact_limit in (4, 4096):
-        fast, base = Fast(exact_limit=exact_limit), Base(exact_limit=exact_limit)
-        for p in pieces:
-            m = IndexMap(shape, [p], {"a": (1, 12, 4, 4), "b": (1, 24, 4, 4)})
-            st_ = {"a": contiguous_strides((1, 12, 4, 4)), "b": contiguous_strides((1, 24, 4, 4))}
-            assert fast.access(m, 2, st_) == base.access(m, 2, st_), p
-            assert fast._sample_fraction(p, 8) == base._sample_fraction(p, 8), p    # the sampled branch
-            assert fast._sample_fraction(p, 4096) == base._sample_fraction(p, 4096), p
+        cold = [_cold(exact_limit, lambda t, p=p, m=m: answers(t, p, m)) for p, m in zip(pieces, maps)]
+        clear_memos()
+        warm = TrafficModel(exact_limit=exact_limit)
+        for p, m, a in zip(pieces, maps, cold):
+            assert answers(warm, p, m) == a, p
 
 
 def test_distinct_groups_memo_answers_per_box():
     """The distinct count of an offset group is memoized per (group, its variables' box): one model asked the
-    same offsets over boxes that share some groups' boxes and not others answers as the accounting's."""
-    from cost_models.accounting import TrafficModel as Base
-    from cost_models.traffic import TrafficModel as Fast
+    same offsets over boxes that share some groups' boxes and not others answers as a cold one."""
+    from cost_models.accounting import TrafficModel
     i1, i2, i3 = (var(f"i{k}") for k in range(1, 4))
     offs = [16 * (i1 % 5) + i3, 16 * (i1 // 3) + 4 * (i2 % 2) + i3, 7 * ((i1 + i2) // 4) + i3 % 3,
             16 * _shuffle_chain(2) + 4 * i2 + i3, 16 * _shuffle_chain(3) + (4 * i2 + i3) // 2]
     regions = [((0, 1), (0, 24), (0, 4), (0, 4)), ((0, 1), (12, 24), (0, 4), (0, 4)), ((0, 1), (0, 24), (1, 4), (0, 3)),
                ((0, 1), (3, 9), (0, 4), (2, 4))]
     for exact_limit in (2, 30, 4096):
-        fast, base = Fast(exact_limit=exact_limit), Base(exact_limit=exact_limit)
-        for off in offs:
-            for region in regions:
-                assert fast._estimate_distinct(off, region) == base._estimate_distinct(off, region), (off, region)
+        cold = {(o, r): _cold(exact_limit, lambda t, o=o, r=r: t._estimate_distinct(o, r)) for o in offs for r in regions}
+        clear_memos()
+        warm = TrafficModel(exact_limit=exact_limit)
+        for (off, region), n in cold.items():
+            assert warm._estimate_distinct(off, region) == n, (off, region)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
