@@ -562,7 +562,8 @@ def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):
 
 def test_notes_later_pieces_made_wrong_go():
     """A note saying a stopped run left variants unmeasured is wrong once a later piece measured them all (it stays
-    while one of them is still unmeasured); of a case's guard verdicts only the last stays."""
+    while one of them is still unmeasured); of a case's guard verdicts only the last stays, and none once the
+    case's guard kept the search's pick."""
     from vtcsearch.run import settle_notes
     note = "the run was stopped during the benchmark of c bs1: 0 measured variant(s) kept, vtc_ilp, vtc_none not measured"
     other = "the run was stopped during the benchmark of c bs16: 0 measured variant(s) kept, vtc_ilp not measured"
@@ -577,6 +578,9 @@ def test_notes_later_pieces_made_wrong_go():
     summary["notes"] = [kept(1, 5.0), kept(16, 7.0), "unrelated", kept(1, 6.0)]
     settle_notes(summary)
     assert summary["notes"] == [kept(16, 7.0), "unrelated", kept(1, 6.0)]
+    summary["cases"] = [{"case": "c", "batch": 16, "guard": {"solver": "ilp", "kept": "ilp"}}]   # guarded again:
+    settle_notes(summary)                                                                     # the pick kept
+    assert summary["notes"] == ["unrelated", kept(1, 6.0)]
 
 
 # ---------------------------------------------------------------------------

@@ -1462,15 +1462,19 @@ GUARD_NOTE = re.compile(r"case (?P<case>\S+) bs(?P<batch>\d+): (the guard kept|u
 def settle_notes(summary: dict[str, Any]) -> None:
     """Notes that later pieces made wrong go: a stopped run's note that variants of a case went unmeasured once
     they are all measured (Swin-T's stayed beside the rows a later call measured), and a guard's verdict on a
-    case once a later piece guarded it again (only the last one stays)."""
+    case once a later piece guarded it again (only the last one stays, and none where the case's guard now
+    kept the search's pick)."""
     measured = {(r.get("case"), r.get("batch"), r.get("variant")) for r in summary.get("rows", [])
                 if r.get("status") == "ok" and r.get("measured_latency_us") is not None}
+    pick_kept = {(c.get("case"), str(c.get("batch"))) for c in summary.get("cases", [])
+                 if isinstance(c.get("guard"), dict) and c["guard"].get("kept") == c["guard"].get("solver")}
     notes = summary.setdefault("notes", [])
     last_guard = {(m["case"], m["batch"]): i for i, n in enumerate(notes) if (m := GUARD_NOTE.match(n))}
 
     def settled(i: int, note: str) -> bool:
         if (m := GUARD_NOTE.match(note)) is not None:
-            return last_guard[(m["case"], m["batch"])] != i
+            key = (m["case"], m["batch"])
+            return last_guard[key] != i or (m.group(3) == "the guard kept" and key in pick_kept)
         m = STOPPED_NOTE.match(note)
         return m is not None and all((m["case"], int(m["batch"]), v) in measured for v in m["missing"].split(", "))
     notes[:] = [n for i, n in enumerate(notes) if not settled(i, n)]   # in place: a run's context appends to it
