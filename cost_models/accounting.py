@@ -39,9 +39,10 @@ import networkx as nx
 import numpy as np
 import torch
 
-from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, evaluate_grid, simplify
+from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, evaluate_grid, remember, \
+    simplify
 from vtcsearch.core.graph import TensorGraph, constant_tensors, folded, kernel_io
-from vtcsearch.core.mapping import IndexMap, Piece, _remember, contiguous_strides, region_size, register_memo
+from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
@@ -608,9 +609,9 @@ class TrafficModel:
 
     def _piece_stats(self, p: Piece, run: int, st: tuple[int, ...]) -> tuple[int, int, int, float]:
         """(count, distinct, run, index ops) of piece ``p`` (memoized without the run: the run is the caller's,
-        it depends on the domain's shape too), the ops of an offset memoized per its simplified form and the box's tile frequencies (offsets of new pieces mostly simplify to ones priced
-        before) and the small pieces' predicates and offset evaluated by
-        :func:`~vtcsearch.core.expr.evaluate_grid`."""
+        it depends on the domain's shape too), the ops of an offset memoized per its simplified form and the
+        box's tile frequencies (offsets of new pieces mostly simplify to ones priced before) and the small
+        pieces' predicates and offset evaluated by :func:`~vtcsearch.core.expr.evaluate_grid`."""
         key = (p, st)
         hit = self._piece.get(key)
         if hit is not None:
@@ -653,7 +654,7 @@ class TrafficModel:
         key = (off, tuple(freq.items()))
         hit = self._ops.get(key)
         if hit is None:
-            hit = _remember(self._ops, key, _atom_ops(off, freq), 1 << 16)
+            hit = remember(self._ops, key, _atom_ops(off, freq), 1 << 16)
         return hit
 
     def _cond_fraction(self, p: Piece, sample: int = 4096) -> float:
@@ -696,7 +697,7 @@ class TrafficModel:
                 m = (v >= lo) & (v < hi)
                 if isinstance(m, np.ndarray):
                     m.flags.writeable = False   # shared by the pieces with this predicate
-                m = _remember(self._masks, key, m, 1 << 14)   # at most 64 MiB of masks
+                m = remember(self._masks, key, m, 1 << 14)   # at most 64 MiB of masks
             mask &= m
         return float(mask.mean()) if mask.size else 1.0
 
@@ -712,7 +713,8 @@ class TrafficModel:
     def _estimate_distinct(self, off: Expr, region: Sequence[tuple[int, int]]) -> int:
         """How many distinct offsets ``off`` takes over ``region``: the product over groups of variables coupled
         through one non-linear atom (assumed independent), each group's exact count memoized per (group's
-        expression, the box of its variables): the groups of a new piece's offset are mostly those of pieces priced before."""
+        expression, the box of its variables): the groups of a new piece's offset are mostly those of pieces
+        priced before."""
         ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(region)}
         # variables coupled through one non-linear atom form a group
         parent = {v: v for v in ext}
@@ -749,7 +751,7 @@ class TrafficModel:
                     vals = evaluate_grid(e, tuple((v, lo, hi) for v, (lo, hi) in zip(vars_, sub)),
                                          {s.name: s.lo for s in e.syms()})
                     vals = np.broadcast_to(np.asarray(vals), [hi - lo for lo, hi in sub])
-                    n = _remember(self._groups, key, count_distinct(vals), 1 << 16)
+                    n = remember(self._groups, key, count_distinct(vals), 1 << 16)
                 total *= n
             elif e.is_affine():
                 total *= math.prod(ext[v] for v in vars_ if e.coef(Var(v)) != 0)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from chains import random_chain
 from vtcsearch.core.expr import Expr, evaluate, evaluate_grid, grid_terms, interpret, simplify, var
-from vtcsearch.core.mapping import IndexMap, Piece, clear_memos, contiguous_strides
+from vtcsearch.core.mapping import IndexMap, Piece, clear_memos, contiguous_strides, sample_box
 
 
 def _shuffle_chain(depth: int, channels: int = 24, groups: int = 2) -> Expr:
@@ -51,16 +51,7 @@ def _reference(e: Expr, region, syms=None):
 
 def _reference_run(off: Expr, region, sample: int) -> int:
     """The run as :func:`_numeric_run` computed it before: the whole sample box, evaluated and differenced."""
-    region = list(region)
-    count = 1
-    for d in reversed(range(len(region))):
-        lo, hi = region[d]
-        if count * (hi - lo) > sample:
-            region[d] = (lo, lo + max(1, sample // count))
-            for k in range(d):
-                region[k] = (region[k][0], region[k][0] + 1)
-            break
-        count *= hi - lo
+    region = sample_box(region, sample)
     vals = np.broadcast_to(np.asarray(_reference(off, region, {s.name: s.lo for s in off.syms()})),
                            tuple(hi - lo for lo, hi in region)).reshape(-1)
     if vals.size <= 1:

@@ -22,6 +22,14 @@ import numpy as np
 Ranges = Mapping[str, tuple[int, int]]  # var name -> inclusive (lo, hi)
 
 
+def remember(memo: dict, key: Any, value: Any, limit: int = 1 << 18) -> Any:
+    """``memo[key] = value``, the memo emptied first once it holds ``limit`` entries (a bound on memory)."""
+    if len(memo) > limit:
+        memo.clear()
+    memo[key] = value
+    return value
+
+
 class Atom:
     """A non-linear leaf of an expression; subclasses are frozen dataclasses."""
 
@@ -532,9 +540,7 @@ def _simplify_atom(a: Atom, ranges: Ranges, divisors: bool = False) -> Expr:
         return _rewrite_atom(a, ranges, divisors)
     hit = _ATOMS.get(key)
     if hit is None:
-        if len(_ATOMS) > 1 << 20:   # a bound on memory
-            _ATOMS.clear()
-        hit = _ATOMS[key] = _rewrite_atom(a, ranges, divisors)
+        hit = remember(_ATOMS, key, _rewrite_atom(a, ranges, divisors), 1 << 20)
     return hit
 
 
@@ -599,9 +605,7 @@ def _merge_divmod(e: Expr) -> Expr:
         return e
     hit = _MERGED.get(e)
     if hit is None:
-        if len(_MERGED) > 1 << 18:   # a bound on memory
-            _MERGED.clear()
-        hit = _MERGED[e] = _compute_merge_divmod(e)
+        hit = remember(_MERGED, e, _compute_merge_divmod(e), 1 << 18)
     return hit
 
 
@@ -720,9 +724,7 @@ def _grid_axes(grid: Grid) -> dict[str, tuple]:
         for k, ((v, lo, hi), a) in enumerate(zip(grid, arrays)):
             a.flags.writeable = False   # shared by every evaluation over this grid
             got[v] = (k, lo, hi, a)
-        if len(_GRID_AXES) > 1 << 12:   # a bound on memory
-            _GRID_AXES.clear()
-        _GRID_AXES[grid] = got
+        remember(_GRID_AXES, grid, got, 1 << 12)
     return got
 
 
@@ -767,9 +769,7 @@ def _grid_atom(a: Atom, axes: dict[str, tuple], ndim: int, syms: Mapping[str, in
         if key is not None and np.size(v) <= 2048:
             if isinstance(v, np.ndarray):
                 v.flags.writeable = False   # shared by every expression holding the atom
-            if len(_GRID_VALUES) > 1 << 13:   # a bound on memory (at most 128 MiB of values)
-                _GRID_VALUES.clear()
-            _GRID_VALUES[key] = v
+            remember(_GRID_VALUES, key, v, 1 << 13)   # at most 128 MiB of values
     done[a] = v
     return v
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from .expr import Expr, Sym, Var, bounds, evaluate, evaluate_grid, grid_terms, rename_tables, simplify, var
+from .expr import Expr, Sym, Var, bounds, evaluate, evaluate_grid, grid_terms, remember, rename_tables, simplify, var
 
 Region = tuple[tuple[int, int], ...]
 Cond = tuple[Expr, int, int]  # lo <= expr < hi
@@ -110,7 +110,7 @@ class Piece:
                 for e, s in zip(self.index, key[0]):
                     off = off + e * s
                 off = simplify(off, self.ranges())
-                _remember(_OFFSETS, shared, off)
+                remember(_OFFSETS, shared, off)
             memo[key] = off
         return off
 
@@ -257,7 +257,7 @@ class IndexMap:
                         conds.append((ce.subs(env, memo), lo, hi))
                     index = tuple(e.subs(env, memo) for e in q.index) if q.target is not None else ()
                     got = Piece(q.target, p.region, index, tuple(conds), q.fill)
-                    _remember(_COMPOSED, (p, q), got)
+                    remember(_COMPOSED, (p, q), got)
                 pieces.append(got)
         return IndexMap(self.shape, pieces, shapes)
 
@@ -506,7 +506,7 @@ def _normalize(p: Piece) -> Piece | None:
         return _NORMALIZED[p]
     except KeyError:
         pass
-    return _remember(_NORMALIZED, p, _normalize_piece(p))
+    return remember(_NORMALIZED, p, _normalize_piece(p))
 
 
 _NORMALIZED: dict[Piece, Piece | None] = {}
@@ -515,14 +515,6 @@ _PIECE_INJECTIVE: dict[tuple, bool] = {}   # (region, index, conds, target strid
 
 
 _MEMOS: list[dict] = []   # memos of modules above this one that clear_memos forgets too (register_memo)
-
-
-def _remember(memo: dict, key: Any, value: Any, limit: int = 1 << 18) -> Any:
-    """``memo[key] = value``, the memo emptied first once it holds ``limit`` entries (a bound on memory)."""
-    if len(memo) > limit:
-        memo.clear()
-    memo[key] = value
-    return value
 
 
 def register_memo(memo: dict) -> dict:
@@ -598,7 +590,7 @@ def _cond_verdict(ce: Expr, lo: int, hi: int, ranges: Mapping[str, tuple[int, in
     key = (ce, lo, hi, tuple(ranges.get(v) for v in ce.sorted_vars()))
     hit = _VERDICTS.get(key)
     if hit is None:
-        hit = _remember(_VERDICTS, key, _compute_cond_verdict(ce, lo, hi, ranges))
+        hit = remember(_VERDICTS, key, _compute_cond_verdict(ce, lo, hi, ranges))
     return hit
 
 
@@ -654,7 +646,7 @@ def _run_length(p: Piece, strides: Sequence[int], shape: Sequence[int]) -> int:
     key = (p.region, p.index, bool(p.conds), tuple(int(s) for s in strides), tuple(shape))
     hit = _RUNS.get(key)
     if hit is None:
-        hit = _remember(_RUNS, key, _compute_run_length(p, strides, shape))
+        hit = remember(_RUNS, key, _compute_run_length(p, strides, shape))
     return hit
 
 
@@ -716,7 +708,7 @@ def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
     key = (off, p.region, sample)
     hit = _NUMERIC_RUNS.get(key)
     if hit is None:
-        hit = _remember(_NUMERIC_RUNS, key, _evaluate_run(off, p.region, sample))
+        hit = remember(_NUMERIC_RUNS, key, _evaluate_run(off, p.region, sample))
     return hit
 
 
@@ -732,17 +724,7 @@ def _evaluate_run(off: Expr, region: Region, sample: int, min_prefix: int = 256)
     small sparse arrays (:func:`~vtcsearch.core.expr.grid_terms`): a run that ends after a plane of a
     channel-major tensor is found in two planes, not in all of the sample's.  ``min_prefix``: the fewest
     elements worth a sum of their own (tests lower it to check every prefix)."""
-    region = list(region)
-    # take the innermost dims whole and the outer ones at their first index, up to `sample` elements
-    count = 1
-    for d in reversed(range(len(region))):
-        lo, hi = region[d]
-        if count * (hi - lo) > sample:
-            region[d] = (lo, lo + max(1, sample // count))
-            for e in range(d):
-                region[e] = (region[e][0], region[e][0] + 1)
-            break
-        count *= hi - lo
+    region = sample_box(region, sample)
     grid = tuple((f"i{k}", lo, hi) for k, (lo, hi) in enumerate(region))
     syms = {s.name: s.lo for s in off.syms()}
     shape = tuple(hi - lo for lo, hi in region)
@@ -760,8 +742,8 @@ def _evaluate_run(off: Expr, region: Region, sample: int, min_prefix: int = 256)
                 v = v[tuple(slice(None) if v.shape[k] == 1 else slice(0, box[k]) for k in range(len(box)))]
             out = out + c * v
         vals = np.broadcast_to(np.asarray(out), box).reshape(-1)
-        breaks = np.nonzero(np.diff(vals) != 1)[0]
-        return int(breaks[0] + 1) if breaks.size else None
+        run = _first_break(vals)
+        return run if run < vals.size else None
 
     inner = 1   # elements of the dims inside d
     for d in reversed(range(len(shape))):
@@ -778,6 +760,22 @@ def _evaluate_run(off: Expr, region: Region, sample: int, min_prefix: int = 256)
             return size
     run = first_break(shape)
     return size if run is None else run
+
+
+def sample_box(region: Sequence[tuple[int, int]], sample: int) -> list[tuple[int, int]]:
+    """The first ``sample`` elements of ``region`` in row-major order, as a box: the innermost dims whole, the
+    one that crosses ``sample`` cut, the outer ones at their first index."""
+    region = list(region)
+    count = 1
+    for d in reversed(range(len(region))):
+        lo, hi = region[d]
+        if count * (hi - lo) > sample:
+            region[d] = (lo, lo + max(1, sample // count))
+            for e in range(d):
+                region[e] = (region[e][0], region[e][0] + 1)
+            break
+        count *= hi - lo
+    return region
 
 
 def _first_break(vals: np.ndarray) -> int:
