@@ -42,7 +42,8 @@ import torch
 from vtcsearch.core.expr import Expr, FloorDiv, Lookup, Mod, Sym, Var, bounds, evaluate, evaluate_grid, remember, \
     simplify
 from vtcsearch.core.graph import TensorGraph, constant_tensors, folded, kernel_io
-from vtcsearch.core.mapping import IndexMap, Piece, contiguous_strides, region_size, register_memo
+from vtcsearch.core.mapping import RUN_SAMPLE, IndexMap, Piece, contiguous_strides, region_size, register_memo, \
+    sample_box
 from vtcsearch.core.strategy import Resolver, Strategy, StrategyError, acyclic, check_tensor_edges
 
 try:  # the core's per-piece run length (IndexMap.piece_runs without building a map per piece)
@@ -323,9 +324,13 @@ def affine_coefs(p: Piece, strides: Sequence[int]) -> tuple[int, ...] | None:
     return tuple(coefs)
 
 
-def affine_run(coefs: Sequence[int], region, shape: Sequence[int]) -> int:
+def affine_run(coefs: Sequence[int], region, shape: Sequence[int] | None) -> int:
     """Contiguous run (elements) of an affine piece without predicates: what ``_run_length`` returns
-    for it, from the offset's coefficients (dims of extent one skipped, a partial dim ends the run)."""
+    for it, from the offset's coefficients (dims of extent one skipped, a partial dim ends the run).
+
+    ``shape`` None: the first break of the offset's values in the row-major order of the box ``region``
+    itself (a partial dim does not end the run), what ``_run_length``'s evaluation finds for a piece with
+    predicates over its sample box (:func:`~vtcsearch.core.mapping.sample_box`)."""
     run, expected = 1, 1
     for d in reversed(range(len(region))):
         lo, hi = region[d]
@@ -336,9 +341,15 @@ def affine_run(coefs: Sequence[int], region, shape: Sequence[int]) -> int:
             break
         run *= ext
         expected *= ext
-        if (lo, hi) != (0, shape[d]):
+        if shape is not None and (lo, hi) != (0, shape[d]):
             break
     return run
+
+
+def affine_distinct(coefs: Sequence[int], region) -> int:
+    """Distinct offsets of an affine offset over the box ``region``, as the traffic model counts them for a large
+    box: each variable with a non-zero coefficient multiplies the count by its extent (no two collide)."""
+    return math.prod(hi - lo for c, (lo, hi) in zip(coefs, region) if c != 0)
 
 
 def _atom_ops(e: Expr, per_element: Mapping[str, float] | None = None) -> float:
@@ -531,18 +542,20 @@ class TrafficModel:
                        penalty: float) -> Traffic | None:
         """Traffic of one piece landing in a storage with strides ``st`` (None: it touches nothing)."""
         n = region_size(p.region)
-        if self.fast and not p.conds:
-            coefs = affine_coefs(p, st)
-            if coefs is not None:
-                return self._affine_piece(p, coefs, m.shape, n, itemsize, tile2d, penalty)
+        coefs = affine_coefs(p, st) if self.fast else None
+        if coefs is not None and not p.conds:
+            return self._affine_piece(p, coefs, m.shape, n, itemsize, tile2d, penalty)
         strides = {p.target: st}
-        run = self._run(p, strides, m)
+        if coefs is None:
+            run = self._run(p, strides, m)
+        else:   # predicates send _run_length to the offset's first break over the sample box: its coefficients'
+            run = affine_run(coefs, sample_box(p.region, RUN_SAMPLE), None)
         swapped = False
         if tile2d and run * itemsize < self.coalesce:
             sw = _swapped_run(m, p, strides)
             swapped = sw > run
             run = max(run, sw)
-        count, distinct, run_el, ops = self._piece_stats(p, run, st)
+        count, distinct, run_el, ops = self._piece_stats(p, run, st, coefs)
         if count == 0:
             return None
         rb = max(1, run_el) * itemsize
@@ -576,8 +589,7 @@ class TrafficModel:
                                 region[:-2] + (region[-1], region[-2]), shape[:-2] + (shape[-1], shape[-2]))
                 swapped = sw > run
                 run = max(run, sw)
-            distinct = math.prod(hi - lo for c, (lo, hi) in zip(coefs, region) if c != 0 and hi - lo != 1)
-            distinct = min(n, max(distinct, 1))
+            distinct = min(n, max(affine_distinct(coefs, region), 1))
             rb = max(1, run) * itemsize
             factor = self.run_factor(rb, penalty if swapped else 1.0)
             hit = self._affine[key] = (distinct, factor, rb, swapped)
@@ -607,22 +619,31 @@ class TrafficModel:
             self._runs[key] = r
         return r
 
-    def _piece_stats(self, p: Piece, run: int, st: tuple[int, ...]) -> tuple[int, int, int, float]:
+    def _piece_stats(self, p: Piece, run: int, st: tuple[int, ...], coefs: tuple[int, ...] | None = None
+                     ) -> tuple[int, int, int, float]:
         """(count, distinct, run, index ops) of piece ``p`` (memoized without the run: the run is the caller's,
         it depends on the domain's shape too), the ops of an offset memoized per its simplified form and the
         box's tile frequencies (offsets of new pieces mostly simplify to ones priced before) and the small
-        pieces' predicates and offset evaluated by :func:`~vtcsearch.core.expr.evaluate_grid`."""
+        pieces' predicates and offset evaluated by :func:`~vtcsearch.core.expr.evaluate_grid`.
+
+        ``coefs``: the offset's coefficients (:func:`affine_coefs`) of an affine piece, whose offset is then
+        neither built nor simplified: it costs no index arithmetic, and its distinct offsets are counted from
+        the coefficients (a shift does not change a count)."""
         key = (p, st)
         hit = self._piece.get(key)
         if hit is not None:
             return hit[0], hit[1], run, hit[3]
         n = region_size(p.region)
-        off = p.offset(st)
         freq = tile_frequency(p.region)
         ranges = {f"i{k}": (lo, hi - 1) for k, (lo, hi) in enumerate(p.region)}
-        ops = self._offset_ops(simplify(off, ranges, divisors=True), freq)
+        if coefs is None:
+            off = p.offset(st)
+            ops = self._offset_ops(simplify(off, ranges, divisors=True), freq)
+            flat = _unlook(off)
+        else:   # affine: no index arithmetic; its values up to a shift, which changes no count
+            off = flat = Expr({Var(f"i{k}"): c for k, c in enumerate(coefs)})
+            ops = 0.0
         ops += sum(2.0 * max((freq.get(v, 0.0) for v in c.free_var_set()), default=0.0) for c, _, _ in p.conds)
-        flat = _unlook(off)
         if not p.conds and flat.is_affine():
             # affine: each variable with a non-zero stride multiplies the distinct count
             ext = {f"i{k}": hi - lo for k, (lo, hi) in enumerate(p.region)}
@@ -637,13 +658,15 @@ class TrafficModel:
             for ce, lo, hi in p.conds:
                 v = evaluate_grid(_for_eval(ce, ranges), grid, syms)
                 mask &= (v >= lo) & (v < hi)
-            vals = np.broadcast_to(np.asarray(evaluate_grid(_for_eval(off, ranges), grid, syms)), mask.shape)[mask]
+            vals = evaluate_grid(_for_eval(off, ranges) if coefs is None else off, grid, syms)
+            vals = np.broadcast_to(np.asarray(vals), mask.shape)[mask]
             count = int(mask.sum())
             distinct = count_distinct(vals)
         else:
             frac = self._cond_fraction(p) if p.conds else 1.0
             count = int(round(n * frac))
-            distinct = min(count, int(round(self._distinct_estimate(flat, p.region) * frac)))
+            total = self._distinct_estimate(flat, p.region) if coefs is None else affine_distinct(coefs, p.region)
+            distinct = min(count, int(round(total * frac)))
         res = (count, max(distinct, 1 if count else 0), run, ops)
         self._piece[key] = res
         return res
@@ -659,8 +682,9 @@ class TrafficModel:
 
     def _cond_fraction(self, p: Piece, sample: int = 4096) -> float:
         """The share of ``p``'s region its predicates keep, from a fixed sample (memoized per region and
-        predicates: the pieces of one concat or pad share them, whatever their index)."""
-        key = (p.region, p.conds, sample)
+        predicates: the pieces of one concat or pad share them, whatever their index; in any order, as the
+        two sides of a residual copy's pair hold them, since their masks are and-ed)."""
+        key = (p.region, frozenset(p.conds), sample)
         hit = self._fractions.get(key)
         if hit is None:
             hit = self._fractions[key] = self._sample_fraction(p, sample)

@@ -669,18 +669,35 @@ def test_count_distinct_equals_np_unique():
         assert count_distinct(v) == np.unique(v).size, v
 
 
-def _random_piece_map(draw):
+def _random_piece_map(draw, predicates: bool = False):
+    """A random map of one or two pieces into one storage, and the storage's strides; ``predicates``: every
+    piece has one, dims may be long (boxes past the run's sample of 8192 elements), and half the maps are
+    the identity into a dense storage whose stride of one dim may be off by one (long runs, a break
+    anywhere)."""
     from hypothesis import strategies as st
     from vtcsearch.core.expr import sym
-    from vtcsearch.core.mapping import Piece
+    from vtcsearch.core.mapping import Piece, contiguous_strides, full_region
     ndim = draw(st.integers(1, 4))
-    shape = tuple(draw(st.lists(st.integers(1, 6), min_size=ndim, max_size=ndim)))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 6, 24, 40, 96]) if predicates else st.integers(1, 6),
+                                min_size=ndim, max_size=ndim)))
+    if predicates and draw(st.booleans()):
+        strides = list(contiguous_strides(shape))
+        k = draw(st.integers(0, ndim))
+        if k < ndim:
+            strides[k] += 1
+        cond = (var("i0") % 2 + var(f"i{ndim - 1}"), 1, draw(st.integers(2, 200)))
+        index = tuple(var(f"i{k}") for k in range(ndim))
+        return IndexMap(shape, [Piece("T", full_region(shape), index, (cond,))], {"T": shape}), tuple(strides)
     tdim = draw(st.integers(1, 3))
     tshape = tuple(draw(st.lists(st.integers(1, 40), min_size=tdim, max_size=tdim)))
     pieces = []
     for _ in range(draw(st.integers(1, 2))):
         region = []
         for s in shape:
+            if predicates:   # mostly whole dims: boxes past the sample
+                lo = draw(st.sampled_from([0, 0, s // 2]))
+                region.append((lo, draw(st.sampled_from([s, s, lo + 1]))))
+                continue
             lo = draw(st.integers(0, s - 1))
             region.append((lo, draw(st.integers(lo + 1, s))))
         index = []
@@ -689,7 +706,7 @@ def _random_piece_map(draw):
             for k in range(ndim):
                 c = draw(st.sampled_from([0, 0, 1, 1, 2, 3, -1]))
                 e = e + var(f"i{k}") * c
-            kind = draw(st.sampled_from(["affine", "affine", "affine", "div", "mod", "sym"]))
+            kind = draw(st.sampled_from(["affine"] * (6 if predicates else 3) + ["div", "mod", "sym"]))
             if kind == "div":
                 e = e // draw(st.integers(2, 4))
             elif kind == "mod":
@@ -698,7 +715,10 @@ def _random_piece_map(draw):
                 e = e + sym("pos", 0, 7)
             index.append(e)
         conds = ()
-        if draw(st.integers(0, 4)) == 0:
+        if predicates:
+            k = draw(st.integers(0, ndim - 1))
+            conds = ((var(f"i{k}") % draw(st.integers(2, 4)) + var("i0") - region[0][0], 1, draw(st.integers(2, 9))),)
+        elif draw(st.integers(0, 4)) == 0:
             conds = ((var("i0") + var(f"i{ndim - 1}"), 1, 5),)
         pieces.append(Piece("T", tuple(region), tuple(index), conds))
     strides = tuple(draw(st.lists(st.integers(1, 50), min_size=tdim, max_size=tdim)))
@@ -724,6 +744,35 @@ def test_fast_traffic_equals_symbolic():
 
     check()
     assert seen["fast"] > 50            # the fast path was taken often (and compared)
+
+
+def test_fast_traffic_with_predicates_equals_symbolic():
+    """Affine pieces with predicates: the run from the offset's coefficients (the first break over the run's
+    sample box) and the distinct count without the offset, as the symbolic path computes them, for small
+    pieces (evaluated) and large ones (estimated: a small ``exact_limit``)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from cost_models.accounting import affine_coefs
+
+    models = {limit: (TrafficModel(exact_limit=limit), TrafficModel(exact_limit=limit, fast=False))
+              for limit in (8, 1 << 12)}
+    seen = {"affine": 0, "cut": 0}
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(st.data(), st.sampled_from([1, 2, 4]), st.sampled_from([8, 1 << 12]))
+    def check(data, itemsize, limit):
+        from vtcsearch.core.mapping import region_size
+        m, strides = _random_piece_map(data.draw, predicates=True)
+        fast, slow = models[limit]
+        a = fast.access(m, itemsize, {"T": strides})
+        b = slow.access(m, itemsize, {"T": strides})
+        assert a == b, (m, strides)
+        affine = [p for p in m.pieces if p.conds and affine_coefs(p, strides) is not None]
+        seen["affine"] += len(affine)
+        seen["cut"] += any(region_size(p.region) > 8192 for p in affine)
+
+    check()
+    assert seen["affine"] > 100 and seen["cut"] > 5   # the fast path was taken, on boxes past the sample too
 
 
 

@@ -695,7 +695,10 @@ def _without_lookups(e: Expr) -> Expr:
     return e.map_atoms(f)
 
 
-def _numeric_run(p: Piece, off: Expr, sample: int = 8192) -> int:
+RUN_SAMPLE = 8192   # elements of a piece's box (the first, row-major) in which _numeric_run looks for a break
+
+
+def _numeric_run(p: Piece, off: Expr, sample: int = RUN_SAMPLE) -> int:
     """Length of the first contiguous run of a non-affine piece, by evaluation on a sample.
 
     Memoized per (offset simplified over the piece, region, sample): all the evaluation reads.  Pieces whose raw
