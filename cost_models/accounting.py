@@ -1336,8 +1336,7 @@ class Accounting:
             sig, names = self.copy_signature(u, keys)
             canon = self.shared.copies.get(sig, _UNSET)
             if canon is _UNSET:
-                s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
-                got = self._residual_pieces(s, u)
+                got = self._residual_pieces(self._checked_strategy(choice), u)
                 ids = {n: k for k, n in enumerate(names)}
                 self.shared.copies[sig] = None if got is None else [
                     (d, [(_retarget(a, ids), _retarget(b, ids)) for a, b in pairs]) for d, pairs in got]
@@ -1345,6 +1344,16 @@ class Accounting:
                 got = [(d, [(_retarget(a, names), _retarget(b, names)) for a, b in pairs]) for d, pairs in canon]
         memo[keys] = got
         return got
+
+    def _checked_strategy(self, choice: Mapping[str, int]) -> Strategy:
+        """:meth:`strategy` taking ``choice`` (tensor -> option), which passed :meth:`structure_ok`: the core's
+        structure check of these edges is that one, so it is not run again (every tensor of a shuffle chain's
+        trees, per first query of a copy), and the resolver's trees come from ``choice``, not from the edges
+        mapped back to options."""
+        s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
+        s._structure_checked = True
+        s.resolver._tree_ids = self.trees_of_choice(choice)
+        return s
 
     def structure_ok(self, choice: Mapping[str, int]) -> bool:
         """Whether a strategy taking ``choice`` (tensor -> option) passes the core's structure check: each
