@@ -138,7 +138,8 @@ class SharedMemo:
         self.strides = StorageStrides(graph)
         self.write_ok: set[str] = set()          # reprs of maps a kernel may write through
         self.residuals: dict[tuple, tuple[list, list]] = {}
-        self.copies: dict[tuple, list | None] = {}    # Accounting.copy_signature -> pieces, storages numbered
+        self.copies: dict[tuple, tuple[list, list[str]] | None] = {}   # Accounting.copy_signature -> (pieces,
+        #                                                                 their storages in the signature's order)
         self.phys_maps: dict[str, IndexMap] = {}      # tensor -> its identity map (physical)
         self.validity: Any = None                     # cost_models.validation: the all-physical baseline
 
@@ -1337,11 +1338,10 @@ class Accounting:
             canon = self.shared.copies.get(sig, _UNSET)
             if canon is _UNSET:
                 got = self._residual_pieces(self._checked_strategy(choice), u)
-                ids = {n: k for k, n in enumerate(names)}
-                self.shared.copies[sig] = None if got is None else [
-                    (d, [(_retarget(a, ids), _retarget(b, ids)) for a, b in pairs]) for d, pairs in got]
+                self.shared.copies[sig] = None if got is None else (got, names)   # renamed when asked again
             elif canon is not None:
-                got = [(d, [(_retarget(a, names), _retarget(b, names)) for a, b in pairs]) for d, pairs in canon]
+                to = dict(zip(canon[1], names))
+                got = [(d, [(_retarget(a, to), _retarget(b, to)) for a, b in pairs]) for d, pairs in canon[0]]
         memo[keys] = got
         return got
 
