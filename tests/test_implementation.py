@@ -20,6 +20,7 @@ from chains import maximal, random_valid_strategy
 
 from cost_models import AnalyticalOracle, Hardware
 from solvers import get_solver
+from vtcsearch.codegen.memory import storages_of
 from vtcsearch.codegen.realize import planned_copies, realize
 from vtcsearch.core import implementation as im
 from vtcsearch.core.capture import capture
@@ -480,19 +481,35 @@ class ConvShuffleCat(nn.Module):
         return self.b(torch.cat([z[:, :4], y[:, 4:]], 1)) + 1
 
 
-@pytest.mark.parametrize("impl", ["triton", "library", "inductor"])
+class TwoRegions(nn.Module):
+    """Two convolution regions that exchange a storage, with a depthwise conv (a template) between them: the
+    second region reads the first one's activation and the template's through a concatenation."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.dw, self.b = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 3, padding=1, groups=4), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.a(x))
+        z = self.dw(x)
+        return self.b(torch.cat([y, z], 1))
+
+
+@pytest.mark.parametrize("model,impl", [("two_regions", "triton"), ("two_regions", "library"),
+                                        ("two_regions", "inductor"), ("shuffle_cat", "inductor")])
 @pytest.mark.parametrize("edges", ["none", "maximal"])
-def test_channels_last_storages_change_no_value(monkeypatch, impl, edges):
-    """``VTC_CHANNELS_LAST=1``: the storages convolutions read and write are laid out NHWC (indexed NCHW), and
-    every implementation reads and writes them through their strides: the same values as eager, with and
-    without virtual tensors.  ``inductor``: every group but the depthwise conv (a template), so that regions
-    exchange storages."""
+def test_channels_last_storages_change_no_value(monkeypatch, model, impl, edges):
+    """``VTC_CHANNELS_LAST=1``: the storages that only Inductor regions read and write, and that a region's
+    convolution reads or writes, are laid out NHWC (indexed NCHW); the regions read and write them through their
+    strides: the same values as eager, with and without virtual tensors.  ``inductor``: every group but the
+    depthwise conv (a template), which keeps what it reads contiguous (ConvShuffleCat's first activation);
+    ``triton`` / ``library``: no region, no storage laid out NHWC."""
     torch.manual_seed(0)
-    m, x = ConvShuffleCat().eval(), torch.randn(2, 4, 5, 6)
+    m, x = (TwoRegions() if model == "two_regions" else ConvShuffleCat()).eval(), torch.randn(2, 4, 5, 6)
     g = capture(m, (x,))
     v = build_vtog(g)
     s = Strategy(v, set()) if edges == "none" else maximal(v)
-    dw = next(n for n, gr in g.groups.items() if gr.kind == "conv" and g.ops[gr.ops[0]].node.args[-1] == 8)
+    dw = next(n for n, gr in g.groups.items() if gr.kind == "conv" and g.ops[gr.ops[0]].node.args[-1] > 1)
     s.set_implementations({n: impl for n, gr in g.groups.items()
                            if impl in im.choices(g, gr) and not (impl == "inductor" and n == dw)})
     with torch.no_grad():
@@ -500,7 +517,9 @@ def test_channels_last_storages_change_no_value(monkeypatch, impl, edges):
     monkeypatch.setenv("VTC_CHANNELS_LAST", "1")
     exe = realize(g, s, m)
     laid_out = exe.channels_last & set(exe.storages)     # a conv's product inside its group has no storage
-    assert laid_out
+    assert not laid_out & storages_of(s, g.ops[g.groups[dw].ops[0]].inputs[0])
+    if model == "two_regions" and edges == "none":   # with the concat virtual, the template writes its storage
+        assert bool(laid_out) == (impl == "inductor")
     for t in laid_out:
         st = exe.storages[t]
         assert st.is_contiguous(memory_format=torch.channels_last) and not st.is_contiguous(), t

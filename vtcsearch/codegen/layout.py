@@ -8,18 +8,25 @@ strided tensor), so a layout changes where bytes lie, never a value.
 torch.compile keeps a convolution network's activations channels-last (NHWC in memory): cuDNN's and Inductor's
 convolutions run faster there.  vtcsearch's storages are contiguous (NCHW), so an Inductor region with a
 convolution converts its input to NHWC first, and every cut between regions (a virtual tensor, a template, a
-library call) costs such a conversion: whole EfficientViT-B1 ran one ``triton_poi_fused_convolution_0`` per
-region on an H100.  With ``VTC_CHANNELS_LAST=1`` every storage a convolution reads or writes (4-D, floating,
-not a graph input, output or module state) is laid out channels-last instead.  Off by default until a GPU
-measures it: the analytical model still prices every storage as contiguous.
+library call) costs such a conversion: whole EfficientViT-B1's search pick ran one
+``triton_poi_fused_convolution_0`` per region on an H100 (20 calls, 204 us).  With ``VTC_CHANNELS_LAST=1`` the
+storages that only Inductor regions read and write, and that a region's convolution reads or writes, are laid
+out channels-last: both regions then meet in NHWC.  Every storage a convolution touches (templates and library
+calls included) was measured worse: 2418.7 -> 3706.3 us for that pick, from ATen copies into NHWC outputs of
+cuDNN calls and cuDNN NCHW kernels.  Off by default until a GPU measures it: the analytical model still prices
+every storage as contiguous.
 """
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
 
+from typing import Sequence
+
 from ..core.capture import CONV
-from .memory import storages_of
+from ..core.graph import kernel_io
+from .inductor import is_region_step
+from .memory import step_access, storages_of
 
 if TYPE_CHECKING:
     from ..core.graph import TensorGraph
@@ -39,17 +46,26 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (h * w * c, 1, w * c, c)
 
 
-def channels_last_storages(graph: "TensorGraph", strategy: "Strategy") -> set[str]:
-    """The storages that convolutions read their input from or write their output to (through whatever map the
-    strategy gives the tensor), where the executable owns them and they are 4-D and floating."""
-    out: set[str] = set()
-    for op in graph.ops.values():
-        if op.node is None or op.node.target not in CONV:
+def channels_last_storages(graph: "TensorGraph", strategy: "Strategy", runs: Sequence[Sequence[str]]) -> set[str]:
+    """The storages that a convolution in an Inductor region reads its input from or writes its output to
+    (through whatever map the strategy gives the tensor), where no step of ``runs`` but Inductor regions reads
+    or writes them, and the executable owns them, 4-D and floating."""
+    conv_io: set[str] = set()
+    elsewhere: set[str] = set()
+    for run in runs:
+        reads, writes = step_access(graph, strategy, run)
+        if not any(is_region_step(graph, strategy, st) for st in run):
+            elsewhere |= reads | writes
             continue
-        for t in (op.inputs[0], *op.outputs):
-            for s in storages_of(strategy, t):
-                info = graph.tensors[s]
-                if len(info.shape) == 4 and info.dtype.is_floating_point and not info.physical_only \
-                        and not info.mutable:
-                    out.add(s)
+        for st in run:
+            ops = graph.groups[st].ops if st in graph.groups else []
+            convs = [graph.ops[o] for o in ops if graph.ops[o].node is not None and graph.ops[o].node.target in CONV]
+            if convs:   # the image a conv reads, and what its group writes (the conv's product, or its epilogue's)
+                for t in [c.inputs[0] for c in convs] + list(kernel_io(graph, ops)[1]):
+                    conv_io |= storages_of(strategy, t)
+    out: set[str] = set()
+    for s in conv_io - elsewhere:
+        info = graph.tensors[s]
+        if len(info.shape) == 4 and info.dtype.is_floating_point and not info.physical_only and not info.mutable:
+            out.add(s)
     return out

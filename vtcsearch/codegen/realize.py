@@ -139,8 +139,8 @@ class Executable:
                 self.storages[t] = v if v.device == dev else v.to(dev)
         self._own_bytes = 0
         self.reuse_memory = reuse_memory
-        # storages laid out NHWC (opt-in, :mod:`vtcsearch.codegen.layout`): indexed as NCHW, their bytes in order
-        self.channels_last = layout.channels_last_storages(graph, strategy) if layout.enabled() else set()
+        # storages laid out NHWC (opt-in, :mod:`vtcsearch.codegen.layout`; set by the build): indexed as NCHW
+        self.channels_last: set[str] = set()
         self.arena = Arena(dev)
         self._operands: dict[str, Operand] = {}
         self.steps: list[Step] = []
@@ -216,6 +216,8 @@ class Executable:
         ctx = Context(g, self.operand, self._scratch, self.device, s.resolve)
         const = constant_tensors(g)
         runs = regions(g, s, g.steps, const)
+        if layout.enabled():
+            self.channels_last = layout.channels_last_storages(g, s, runs)
         if self.reuse_memory:
             keep = (set(self.storages) - set(memory.copied_inputs(g))) | self.in_place   # the module's state
             for t in sorted(const):
