@@ -9,7 +9,8 @@ nothing is searched again.
 The runner's peak (``measured_peak_bytes``) is what a variant holds after building plus one call's transient
 peak; this splits the held part by owner: the executable's own storages and slab (``allocated_bytes``), and every
 other live CUDA tensor found through the garbage collector, grouped by shape and dtype, with the type of the
-object that refers to it.
+object that refers to it.  The transient part is one plain call's: the blocks live at its peak, largest first,
+with the frames (vtcsearch's, Inductor's generated code) that allocated them, from the allocator's history.
 """
 from __future__ import annotations
 
@@ -47,6 +48,43 @@ def _owner(t: torch.Tensor) -> str:
         else:
             names.append(type(ref).__qualname__)
     return ",".join(sorted(set(names)))[:80]
+
+
+def _frames(block: dict) -> str:
+    """The frames of an allocation that say who made it: vtcsearch's and Inductor's generated code."""
+    keep = [f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']}:{f['name']}" for f in block.get("frames", [])
+            if any(k in f["filename"] for k in ("vtcsearch", "inductor", "experiments"))]
+    return " <- ".join(keep[:4])
+
+
+def transient_blocks(call, top: int = 15) -> tuple[int, list[tuple[int, str]]]:
+    """One plain call's transient peak (bytes over what is live before it) and the ``top`` blocks live at that
+    peak as (bytes, frames), replayed from the allocator's history of the call."""
+    torch.cuda.synchronize()
+    torch.cuda.memory._record_memory_history(max_entries=1_000_000)
+    try:
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = call()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - base
+        snap = torch.cuda.memory._snapshot()
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    del out
+    live: dict[int, dict] = {}
+    now, best, at_peak = 0, -1, {}
+    for trace in snap["device_traces"]:
+        for ev in trace:
+            if ev["action"] == "alloc":
+                live[ev["addr"]] = ev
+                now += ev["size"]
+            elif ev["action"] == "free_requested" and ev["addr"] in live:
+                now -= live.pop(ev["addr"])["size"]
+            if now > best:
+                best, at_peak = now, dict(live)
+    blocks = sorted(at_peak.values(), key=lambda e: -e["size"])[:top]
+    return int(peak), [(b["size"], _frames(b)) for b in blocks]
 
 
 def main(argv: list[str]) -> None:
@@ -109,6 +147,11 @@ def main(argv: list[str]) -> None:
     print(f"live CUDA tensors outside the executable's storages: {sum(groups.values()) / mib:.2f} MiB")
     for (shape, dtype), n in groups.most_common(20):
         print(f"  {n / mib:9.2f} MiB  {dtype:9s} {shape}  held by {owners[(shape, dtype)]}")
+    with torch.no_grad():
+        peak, blocks = transient_blocks(lambda: exe(*w.example_inputs))
+    print(f"one plain call's transient peak: {peak / mib:.2f} MiB; the largest blocks live at it:")
+    for n, where in blocks:
+        print(f"  {n / mib:9.2f} MiB  {where}")
 
 
 if __name__ == "__main__":
