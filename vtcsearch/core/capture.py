@@ -6,7 +6,8 @@ Decompositions bring the graph to core ATen, except for the data movement ops
 the registry knows, which are kept whole so each stays one VTOG op.  Buffers
 the module mutates (a KV cache) come back from export as extra outputs; they
 become *writeback* movement ops into the buffer's own storage, which a strategy
-can make free by updating the cache in place.  With ``hfuse`` the exported program is
+can make free by updating the cache in place.  A ``bmm`` of one matrix broadcast over the batch becomes one
+``mm`` first (:func:`vtcsearch.core.bmm_fold.fold_broadcast_bmm`).  With ``hfuse`` the exported program is
 first rewritten by :func:`vtcsearch.core.hfuse.horizontal_fuse` (GEMMs of one activation with
 constant weights merged), so the graph built here is the merged one.
 """
@@ -20,6 +21,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from . import ops as movement
 from .fusion import fuse_graph
+from .bmm_fold import fold_broadcast_bmm
 from .hfuse import horizontal_fuse
 from .graph import BUFFER, CONSTANT, INPUT, PARAMETER, OpNode, TensorGraph, TensorInfo
 from .ops import OpCall, TensorArg
@@ -89,6 +91,7 @@ def capture(model: torch.nn.Module, example_inputs: Sequence[Any], hfuse: bool =
     ``hfuse``: first merge the GEMMs that read the same A with constant weights into one GEMM over the
     concatenated weights (:func:`vtcsearch.core.hfuse.horizontal_fuse`); ``graph.hfuse`` is its report."""
     ep = export(model, example_inputs)
+    fold_broadcast_bmm(ep)
     report = horizontal_fuse(ep) if hfuse else None
     g = from_exported(ep)
     g.hfuse = report

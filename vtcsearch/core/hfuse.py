@@ -209,7 +209,9 @@ def _add_constant(ep: torch.export.ExportedProgram, name: str, value: torch.Tens
     return ph
 
 
-def _call(ep: torch.export.ExportedProgram, target: Any, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+def call_node(ep: torch.export.ExportedProgram, target: Any, args: tuple, kwargs: dict | None = None) -> torch.fx.Node:
+    """A new ``target(*args)`` node at the graph's insertion point, with its value computed on the program's fake
+    tensors (what :func:`vtcsearch.core.capture.from_exported` reads shapes and dtypes from)."""
     node = ep.graph.call_function(target, args, kwargs or {})
     vals = torch.fx.node.map_arg(args, lambda a: a.meta["val"])
     fake = _fake(ep)
@@ -255,14 +257,14 @@ def _rewrite(ep: torch.export.ExportedProgram, group: list[_Member], consts: dic
         b = w_ph
         if first.form == TRANSPOSED:
             b0 = first.node.args[wpos]
-            b = _call(ep, b0.target, (w_ph,) + tuple(b0.args[1:]))
+            b = call_node(ep, b0.target, (w_ph,) + tuple(b0.args[1:]))
         args = list(first.node.args)
         args[wpos] = b
         if bpos is not None:
             args[bpos] = b_ph
-        prod = _call(ep, first.node.target, tuple(args), dict(first.node.kwargs))
+        prod = call_node(ep, first.node.target, tuple(args), dict(first.node.kwargs))
         nd = len(prod.meta["val"].shape)
-        split = _call(ep, aten.split_with_sizes.default, (prod, [m.n for m in group], nd - 1))
+        split = call_node(ep, aten.split_with_sizes.default, (prod, [m.n for m in group], nd - 1))
         for j, m in enumerate(group):
             piece = ep.graph.call_function(operator.getitem, (split, j))
             piece.meta["val"] = split.meta["val"][j]
