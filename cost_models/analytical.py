@@ -62,8 +62,9 @@ from typing import Any, Callable, Sequence
 from vtcsearch.codegen.heads import head_group
 from vtcsearch.codegen.split_k import split_configs
 from vtcsearch.core.expr import Var
+from vtcsearch.core.fusion import Group
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
-    strided_view_strides
+    operand_kind, strided_view_strides
 
 from .accounting import Traffic, TrafficModel, UnitSpec, attention_density, op_flops
 from .base import CostOracle, Objective, UnitCost
@@ -285,7 +286,7 @@ class AnalyticalOracle(CostOracle):
         geo = self.geometry(spec)
         ins, outs = library_operands(g, group)
         strides = {s: v[1] for s, v in spec.storages.items()}
-        t_copy, copies, dense = self._residual_copies(spec, kind, ins, outs)
+        t_copy, copies, dense = self._residual_copies(spec, kind, ins, outs, group)
         prod = [g.ops[group.ops[0]]] if kind != "attention" else [g.ops[o] for o in group.ops]
         flops = sum(op_flops(g, op.name) for op in prod)
         if kind == "attention":     # SDPA with is_causal skips the masked tiles too
@@ -308,8 +309,8 @@ class AnalyticalOracle(CostOracle):
                         detail={"impl": "library", "t_copy": t_copy, "library_copies": copies,
                                 "t_call": t_call, "t_epilogue": t_ep, "t_serial": t_serial})
 
-    def _residual_copies(self, spec: UnitSpec, kind: str, ins: Sequence[str], outs: Sequence[str]
-                         ) -> tuple[float, int, int]:
+    def _residual_copies(self, spec: UnitSpec, kind: str, ins: Sequence[str], outs: Sequence[str],
+                         group: Group | None = None) -> tuple[float, int, int]:
         """(seconds, copies, dense bytes) of the operands a ``kind`` kernel reads and writes as plain strided
         tensors: a gather (input) or scatter (output) for each whose map it cannot take in place, one copy
         launch per piece of the map, at the ``library/gather`` efficiency (what realization runs)."""
@@ -321,7 +322,8 @@ class AnalyticalOracle(CostOracle):
             nbytes = g.tensors[t].nbytes
             dense += nbytes
             o = by.get(t)
-            if o is not None and needs_copy(kind, o.map, strides):
+            if o is not None and needs_copy(operand_kind(group, t) if group is not None and t in ins else kind,
+                                            o.map, strides):
                 tr = self.traffic.access(o.map, o.itemsize, strides, write=t in outs)
                 t_copy += (self._t_dram(tr.dram_bytes + nbytes) + tr.l2_bytes / hw.l2_bandwidth) \
                     / hw.eff("library", "gather") + hw.kernel_s * max(1, len(o.map.pieces))

@@ -46,11 +46,16 @@ def _storage_strides(op: Operand) -> dict[str, tuple[int, ...]]:
 
 
 def _dense_input(ctx: Context, t: str, kind: str) -> tuple[torch.Tensor, Launch | None]:
-    """``t`` as a tensor the library reads: a view of its storage, or a buffer a gather fills first."""
+    """``t`` as a tensor the library reads: a view of its storage, or a buffer a gather fills first (K^T of an
+    attention: K's buffer, transposed, so that SDPA reads K with a unit stride on its last dim)."""
     op = ctx.operand(t)
     if not im.needs_copy(kind, op.map, _storage_strides(op)):
         return strided_view(op), None
-    tmp = ctx.scratch(op.shape, ctx.graph.tensors[t].dtype)
+    if kind == im.ATTENTION_KT:
+        *batch, d, n = op.shape
+        tmp = ctx.scratch((*batch, n, d), ctx.graph.tensors[t].dtype).transpose(-1, -2)
+    else:
+        tmp = ctx.scratch(op.shape, ctx.graph.tensors[t].dtype)
     return tmp, Launch.of(t, "copy", copy(Operand.dense(tmp, "tmp"), op))
 
 
@@ -107,7 +112,7 @@ def lower_library(ctx: Context, group: Group) -> Launch:
     post: list[Launch] = []
     env: dict[str, torch.Tensor] = {}
     for t in ins:
-        env[t], gather = _dense_input(ctx, t, group.kind)
+        env[t], gather = _dense_input(ctx, t, im.operand_kind(group, t))
         if gather is not None:
             pre.append(gather)
     (t_out,) = outs

@@ -409,7 +409,8 @@ def planned_copies(graph: TensorGraph, strategy: Strategy) -> list[PlannedCopy]:
             gr = graph.groups[name]
             if strategy.implementation(name) == im.LIBRARY:
                 ins, outs = im.library_operands(graph, gr)
-                out += [PlannedCopy(name, "gather", t, graph.tensors[t].nbytes) for t in ins if copied(gr.kind, t)]
+                out += [PlannedCopy(name, "gather", t, graph.tensors[t].nbytes) for t in ins
+                        if copied(im.operand_kind(gr, t), t)]
                 if not has_epilogue(gr):   # an epilogue writes the group's result through its maps itself
                     out += [PlannedCopy(name, "scatter", t, graph.tensors[t].nbytes) for t in outs
                             if copied(gr.kind, t)]

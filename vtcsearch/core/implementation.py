@@ -180,12 +180,28 @@ def _contiguous(shape: Sequence[int], strides: Sequence[int]) -> bool:
     return True
 
 
+# what SDPA needs of the K^T operand of a matched math-form attention (:func:`operand_kind`)
+ATTENTION_KT = "attention_kt"
+
+
+def operand_kind(group: Group, t: str) -> str:
+    """What a library kernel needs of operand ``t`` of ``group`` (:func:`reads_in_place`'s ``kind``): the group's
+    kind, except for the K^T operand of a matched math-form attention, which SDPA reads as K: a unit stride on
+    K^T's dim -2.  With the unit stride on its last dim instead, every fused backend refuses K and SDPA runs its
+    math backend, in fp32 for half inputs (Llama 3 8B's 4096-token prefill pick on an H100: 64 fp32 GEMMs and 32
+    softmax kernels, 554 ms against Inductor's 125 ms)."""
+    if group.kind == ATTENTION and not group.info.get("sdpa") and t == group.info.get("kt"):
+        return ATTENTION_KT
+    return group.kind
+
+
 def reads_in_place(kind: str, shape: Sequence[int], strides: Sequence[int] | None) -> bool:
     """Whether a library kernel of group ``kind`` uses an operand with these strides without a copy.
 
     Matmuls (cuBLAS) take any batch strides and either of the last two dims
     contiguous (a transposed operand is free); convolutions and attention take
-    dense operands (attention: a unit stride on the last dim); Inductor
+    dense operands (attention: a unit stride on the last dim, on the one before
+    it for K^T: :func:`operand_kind`); Inductor
     (``kind="inductor"``) compiles for whatever strides it is given, but never
     writes an output with a broadcast (0) stride.
     """
@@ -203,6 +219,8 @@ def reads_in_place(kind: str, shape: Sequence[int], strides: Sequence[int] | Non
         return (sc == 1 or c == 1) and sr >= c or (sr == 1 or r == 1) and sc >= r
     if kind == ATTENTION:
         return shape[-1] == 1 or strides[-1] == 1
+    if kind == ATTENTION_KT:
+        return shape[-2] == 1 or strides[-2] == 1
     return _contiguous(shape, strides)
 
 
