@@ -1351,7 +1351,7 @@ class Accounting:
         trees, per first query of a copy), and the resolver's trees come from ``choice``, not from the edges
         mapped back to options."""
         s = self.strategy([e.id for o in choice.values() for e in self.option_edges[o]])
-        s._structure_checked = True
+        s.mark_structure_checked()
         s.resolver._tree_ids = self.trees_of_choice(choice)
         return s
 

@@ -187,6 +187,11 @@ class Strategy:
             return
         raise StrategyError("cycle", cyc[0][0], "points-to chain " + " -> ".join(a for a, _ in cyc) + f" -> {cyc[0][0]}")
 
+    def mark_structure_checked(self) -> None:
+        """Skip the structure check: the caller already made it for these edges (the cost accounting checks each
+        option once and every combination's cycles, :meth:`cost_models.Accounting.structure_ok`)."""
+        self._structure_checked = True
+
     def _ensure_structure(self) -> None:
         if not self._structure_checked:
             self._check_structure()
