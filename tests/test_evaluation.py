@@ -142,6 +142,20 @@ def test_a_modelled_or_failed_case_is_missing_not_compared(tmp_path):
     assert res["headline"]["speedup_cases"] == 0
 
 
+def test_a_case_stopped_before_its_timing_says_so(tmp_path):
+    """A run the call's deadline stopped keeps no row of the case, only the runner's note: the missing case quotes
+    it rather than saying it never ran."""
+    d = folder(tmp_path, "llama3_8b", "llama3", [case("decode", 1, "ilp", 1000)], [vtc("decode", 1, "ilp", 800, 50)])
+    s = json.loads((d / "summary.json").read_text())
+    s["notes"] = ["the run was stopped during the benchmark of prefill bs1: 0 measured variant(s) kept, vtc_ilp "
+                  "not measured"]
+    (d / "summary.json").write_text(json.dumps(s))
+    res = evaluate([d], tmp_path / "eval")
+    assert "llama3_8b prefill bs1: attempted; the run was stopped during the benchmark of prefill bs1: 0 measured " \
+           "variant(s) kept, vtc_ilp not measured" in res["missing"]
+    assert "gemma2_9b prefill bs1: not in any folder given" in res["missing"]
+
+
 def test_cli_one_line_error_on_a_folder_without_summary(tmp_path, capsys):
     assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err

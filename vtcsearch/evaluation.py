@@ -161,14 +161,19 @@ PROVENANCE = ("command", "machine", "date")   # where each table row's numbers c
 STRONGEST = ("compile_max_autotune", "compile_max_autotune_graph")
 
 
-def missing_cases(recs: list[dict[str, Any]]) -> list[str]:
-    """The expected cases (:data:`EXPECTED`) with no measured vtcsearch and best-baseline latency, and why."""
+def missing_cases(recs: list[dict[str, Any]], summaries: Sequence[dict[str, Any]] = ()) -> list[str]:
+    """The expected cases (:data:`EXPECTED`) with no measured vtcsearch and best-baseline latency, and why (a case
+    whose run was stopped before it kept a row: the runner's note on it, from ``summaries``)."""
     have = {(r["name"], r["case"], r["batch"]): r for r in recs}
     out = []
     for key in EXPECTED:
         r = have.get(key)
         what = f"{model_label(key[0], key[1])} bs{key[2]}"
-        if r is None:
+        stopped = [n for sm in summaries if sm.get("name") == key[0] for n in sm.get("notes") or []
+                   if n.startswith(f"the run was stopped during the benchmark of {key[1]} bs{key[2]}:")]
+        if r is None and stopped:
+            out.append(f"{what}: attempted; {stopped[-1]}")
+        elif r is None:
             out.append(f"{what}: not in any folder given")
         elif r["error"]:
             out.append(f"{what}: the case failed ({r['error']})")
@@ -569,13 +574,14 @@ def evaluate(folders: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     """Read the runner folders, write report.md, the CSVs and the plots to ``out``; returns the tables."""
     import pandas as pd
     out = Path(out)
-    recs, notes = collect(load_folders(folders))
+    summaries = load_folders(folders)
+    recs, notes = collect(summaries)
     notes = notes + weak_baselines(recs)
     recs.sort(key=lambda r: (next((i for i, e in enumerate(EXPECTED) if e[:2] == (r["name"], r["case"])),
                                   len(EXPECTED)), r["model"], r["batch"]))
     f11, t1, f12, ct, mo = figure11(recs), table1(recs), figure12(recs), compile_times(recs), memory_objective(recs)
     tc = time_by_class(recs)
-    missing, h = missing_cases(recs), headline(f11, t1, f12)
+    missing, h = missing_cases(recs, summaries), headline(f11, t1, f12)
     out.mkdir(parents=True, exist_ok=True)
     tables = {"figure11": f11, "table1": t1, "figure12": f12, "kernel_classes": tc, "compile_time": ct,
               "memory_objective": mo}
