@@ -19,9 +19,7 @@ every storage as contiguous.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
-
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..core.capture import CONV
 from ..core.graph import kernel_io

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from .hfuse import _VIEWS, call_node
+from .hfuse import RESHAPES, call_node
 
 aten = torch.ops.aten
 
@@ -32,7 +32,7 @@ def _shape(n: torch.fx.Node) -> tuple[int, ...]:
 def broadcast_matrix(b: torch.fx.Node) -> torch.fx.Node | None:
     """The 2-D node that bmm operand ``b`` ([B, K, N]) is broadcast from over its batch, or None: ``b`` is
     ``expand(W, [B, K, N])`` of a [K, N] ``W``, through views that keep its shape."""
-    while b.op == "call_function" and b.target in _VIEWS and isinstance(b.args[0], torch.fx.Node) \
+    while b.op == "call_function" and b.target in RESHAPES and isinstance(b.args[0], torch.fx.Node) \
             and _shape(b) == _shape(b.args[0]):
         b = b.args[0]
     if b.op != "call_function" or b.target is not aten.expand.default or not isinstance(b.args[0], torch.fx.Node):

@@ -39,7 +39,7 @@ aten = torch.ops.aten
 
 # product op -> (position of the bias or None, position of A, position of B)
 GEMMS = {aten.mm.default: (None, 0, 1), aten.addmm.default: (0, 1, 2), aten.bmm.default: (None, 0, 1)}
-_VIEWS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}
+RESHAPES = {aten.view.default, aten.reshape.default, aten._unsafe_view.default}   # view-like ops: one tensor, new shape
 PLAIN, TRANSPOSED = "plain", "transposed"
 
 
@@ -84,7 +84,7 @@ def _a_key(a: torch.fx.Node) -> tuple:
     """Equal for two A operands that are the same tensor through the same views (each export'd linear
     views the shared activation on its own)."""
     views = []
-    while a.op == "call_function" and a.target in _VIEWS:
+    while a.op == "call_function" and a.target in RESHAPES:
         views.append(tuple(a.args[1]))
         a = a.args[0]
     return (a, tuple(reversed(views)))
@@ -230,7 +230,7 @@ def _drop_if_dead(ep: torch.export.ExportedProgram, n: torch.fx.Node) -> None:
         x = todo.pop()
         if x.users or x.op not in ("call_function", "placeholder"):
             continue
-        if x.op == "call_function" and not (x.target in _VIEWS or x.target in GEMMS or _is_transpose(x)):
+        if x.op == "call_function" and not (x.target in RESHAPES or x.target in GEMMS or _is_transpose(x)):
             continue
         ins = [a for a in x.all_input_nodes]
         if x.op == "placeholder":
