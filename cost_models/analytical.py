@@ -322,8 +322,7 @@ class AnalyticalOracle(CostOracle):
             nbytes = g.tensors[t].nbytes
             dense += nbytes
             o = by.get(t)
-            if o is not None and needs_copy(operand_kind(group, t) if group is not None and t in ins else kind,
-                                            o.map, strides):
+            if o is not None and needs_copy(operand_kind(group, t) if group is not None else kind, o.map, strides):
                 tr = self.traffic.access(o.map, o.itemsize, strides, write=t in outs)
                 t_copy += (self._t_dram(tr.dram_bytes + nbytes) + tr.l2_bytes / hw.l2_bandwidth) \
                     / hw.eff("library", "gather") + hw.kernel_s * max(1, len(o.map.pieces))

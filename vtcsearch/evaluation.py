@@ -164,13 +164,14 @@ STRONGEST = ("compile_max_autotune", "compile_max_autotune_graph")
 def missing_cases(recs: list[dict[str, Any]], summaries: Sequence[dict[str, Any]] = ()) -> list[str]:
     """The expected cases (:data:`EXPECTED`) with no measured vtcsearch and best-baseline latency, and why (a case
     whose run was stopped before it kept a row: the runner's note on it, from ``summaries``)."""
+    from .run import STOPPED_NOTE
     have = {(r["name"], r["case"], r["batch"]): r for r in recs}
     out = []
     for key in EXPECTED:
         r = have.get(key)
         what = f"{model_label(key[0], key[1])} bs{key[2]}"
         stopped = [n for sm in summaries if sm.get("name") == key[0] for n in sm.get("notes") or []
-                   if n.startswith(f"the run was stopped during the benchmark of {key[1]} bs{key[2]}:")]
+                   if (m := STOPPED_NOTE.match(n)) and (m["case"], int(m["batch"])) == key[1:]]
         if r is None and stopped:
             out.append(f"{what}: attempted; {stopped[-1]}")
         elif r is None:
