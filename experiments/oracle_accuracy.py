@@ -42,9 +42,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from vtcsearch.atomic import read_json
 from vtcsearch.floors import preset_of
-from vtcsearch.run import VTOG_SUFFIX
 
 TARGET = 0.25      # issue 13: the analytical model within 25% of the measured latency
 MAX_DROPPED = 0.01  # a strategy with at most 1% of its edges gone at HEAD is predicted without them (and says so)
@@ -112,14 +110,14 @@ def load_strategy(vtog, folder: Path, case: dict[str, Any], solver: str):
     (:data:`MAX_DROPPED` of them may have no counterpart at HEAD); (None, why) when it cannot be loaded."""
     from vtcsearch.core.strategy import Strategy
     path = folder / "strategies" / f"{case['id']}_{solver}.json"
-    old_vtog = folder / "vtog" / f"{case['id']}{VTOG_SUFFIX}"
+    old_vtog = folder / "vtog" / f"{case['id']}.json"
     if not path.exists():
         return None, "no strategy file"
     note = ""
     data = json.loads(path.read_text())
     edges = data["edges"]
     if old_vtog.exists():
-        old = read_json(old_vtog)["edges"]
+        old = json.loads(old_vtog.read_text())["edges"]
         new = [{"op": e.op, "kind": e.kind, "map": {"shape": e.map.shape}} for e in vtog.edges]
         pos = {e["id"]: k for k, e in enumerate(old)}
         at = _align([edge_signature(e) for e in old], [edge_signature(e) for e in new])

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from vtcsearch.atomic import read_json, write_json_records
 from vtcsearch.evaluation import EXPECTED, PAPER, evaluate, main
 from vtcsearch.schema import ROW_FIELDS
 
@@ -234,18 +233,18 @@ def test_oracle_accuracy_prices_the_committed_strategies(tmp_path):
     # the same run with its VTOG's op names renumbered, then with the ILP's first edge made unknown
     folder = tmp_path / "vision_blocks"
     shutil.copytree(root, folder)
-    vpath = folder / "vtog" / "litemla-bs1.json.gz"
-    vt = read_json(vpath)
+    vpath = folder / "vtog" / "litemla-bs1.json"
+    vt = json.loads(vpath.read_text())
     for e in vt["edges"]:
         e["op"] = re.sub(r"_\d+$", "", e["op"]) + f"_{e['id'] + 7}"
-    write_json_records(vpath, vt)
+    vpath.write_text(json.dumps(vt))
     again = [r for r in predict([folder], log=lambda m: None) if r["batch"] == 1]
     assert [r["model_us"] for r in again] == pytest.approx([r["model_us"] for r in rows])
     ilp = json.loads((folder / "strategies" / "litemla-bs1_ilp.json").read_text())
     for e in vt["edges"]:
         if e["id"] in ilp["edges"]:
             e["kind"] = "unknown"
-    write_json_records(vpath, vt)
+    vpath.write_text(json.dumps(vt))
     drifted = {r["variant"]: r for r in predict([folder], log=lambda m: None) if r["batch"] == 1}
     assert drifted["vtc_ilp"]["model_us"] is None and drifted["vtc_ilp"]["note"].startswith("drifted")
     write(tmp_path / "out", list(drifted.values()), "test")

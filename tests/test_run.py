@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 import vtcsearch
-from vtcsearch.atomic import read_json
 from vtcsearch.config import ConfigError, load_config
 from vtcsearch.run import NUMERICS_FIELDS, ROW_FIELDS, main
 
@@ -86,7 +85,7 @@ def test_tiny_run_writes_every_file(tiny_run):
     for solver in cfg.solvers:                                                     # draw: all
         assert (out / "vtog" / f"llama3-bs1_{solver}.png").is_file()
         assert json.loads((out / "strategies" / f"llama3-bs1_{solver}.json").read_text())["edges"] is not None
-    vt = read_json(out / "vtog" / "llama3-bs1.json.gz")
+    vt = json.loads((out / "vtog" / "llama3-bs1.json").read_text())
     assert vt["nodes"] and vt["edges"] and vt["options"]
 
 
@@ -524,7 +523,7 @@ def test_a_stopped_append_run_keeps_the_earlier_rows_it_did_not_measure(tmp_path
     args = [str(TINY), "--out", str(out), "--device", "cpu", "--quiet", "--solvers", "none"]
     assert main(args) == 0
     before = json.loads((out / "summary.json").read_text())["rows"]
-    vtogs = {p.name: p.read_bytes() for p in (out / "vtog").glob("*.json.gz")}
+    vtogs = {p.name: p.read_bytes() for p in (out / "vtog").glob("*.json")}
     assert before and vtogs
     _stop_after_the_search(monkeypatch)
     assert main([*args, "--append"]) == 124
@@ -533,7 +532,7 @@ def test_a_stopped_append_run_keeps_the_earlier_rows_it_did_not_measure(tmp_path
     key = lambda r: (r["case"], r["batch"], r["variant"], r["latency_us"])   # noqa: E731
     assert sorted(map(key, s["rows"])) == sorted(map(key, before))
     # and the VTOG those rows' strategies index, not the stopped run's capture (its own command and date)
-    assert {p.name: p.read_bytes() for p in (out / "vtog").glob("*.json.gz")} == vtogs
+    assert {p.name: p.read_bytes() for p in (out / "vtog").glob("*.json")} == vtogs
 
 
 def test_a_stopped_case_keeps_its_measured_variants(tmp_path, monkeypatch):

@@ -7,7 +7,6 @@ matplotlib and pandas pick the format from it), which then replaces the target w
 """
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import tempfile
@@ -50,23 +49,12 @@ def write_json(path: str | Path, data: Any, **kwargs: Any) -> None:
 def write_json_records(path: str | Path, data: dict[str, Any]) -> None:
     """``data`` (a dict of lists, as a VTOG's JSON) written atomically with one list item per line: half the
     bytes of ``indent=1`` and a fifteenth of its lines (a whole model's VTOG: 2.8 -> 1.5 MB), still one record per
-    line in a diff.  A ``.gz`` path is gzipped (without a timestamp: the same data, the same bytes): a whole
-    model's VTOG 2.1 MB -> 170 KB, so the committed results stay small enough to travel to the GPU machine."""
+    line in a diff."""
     def value(v: Any) -> str:
         if not isinstance(v, list) or not v:
             return json.dumps(v, separators=(",", ":"))
         return "[\n" + ",\n".join(json.dumps(x, separators=(",", ":")) for x in v) + "\n]"
-    text = "{\n" + ",\n".join(f"{json.dumps(k)}: {value(v)}" for k, v in data.items()) + "\n}\n"
-    if str(path).endswith(".gz"):
-        write_bytes(path, gzip.compress(text.encode(), mtime=0))
-    else:
-        write_text(path, text)
-
-
-def read_json(path: str | Path) -> Any:
-    """A JSON file, gzipped (``.gz``) or not."""
-    data = Path(path).read_bytes()
-    return json.loads(gzip.decompress(data) if str(path).endswith(".gz") else data)
+    write_text(path, "{\n" + ",\n".join(f"{json.dumps(k)}: {value(v)}" for k, v in data.items()) + "\n}\n")
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:

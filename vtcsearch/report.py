@@ -306,7 +306,7 @@ def markdown(summary: dict[str, Any]) -> str:
               f"(`{o.get('oracle')}` oracle rows)", "- `numerics.csv`: the numerics table above"]
     if summary.get("profile"):
         lines += ["- `profile.csv`: every GPU kernel of each measured variant, calls and us per call"]
-    lines += ["- `vtog/`: VTOG JSON per case (gzipped) and points-to pictures; `strategies/`: chosen edges per solver", ""]
+    lines += ["- `vtog/`: VTOG JSON per case and points-to pictures; `strategies/`: chosen edges per solver", ""]
     return "\n".join(lines)
 
 

@@ -12,7 +12,7 @@ eager -> benchmark against the baselines, then write ``<out>/``:
 ``summary.csv`` / ``summary.json``  one row per (case, batch, variant); schema in the README
 ``kernels.csv``                     per-kernel breakdown of each solver's strategy (the oracle's rows)
 ``numerics.csv``                    each realized strategy against eager (outputs and mutated buffers)
-``vtog/``                           VTOG JSON per case (gzipped), points-to pictures, chosen strategies (JSON)
+``vtog/``                           VTOG JSON per case, points-to pictures, chosen strategies (JSON)
 ``latency.png`` ``memory.png`` ``breakdown.png``    plots
 ``report.md``                       the Markdown report
 
@@ -53,7 +53,6 @@ from .config import Config, ConfigError, check_solvers, load_config, solver_obje
 from .schema import INT_FIELDS, NUMERICS_FIELDS, ROW_FIELDS, SCHEMA_VERSION, VariantKind, solver_of, variant_name  # noqa: F401
 
 QUICK_BUDGETS = {"ilp": 10.0, "optuna": 30.0}      # --quick caps these solver budgets
-VTOG_SUFFIX = ".json.gz"        # vtog/<case>-bs<batch>.json.gz: gzipped, a whole model's VTOG is 2 MB of JSON
 QUICK_SKIPS = {"compile_max_autotune": "skipped by --quick (autotuning takes minutes)"}
 
 
@@ -648,7 +647,7 @@ def run_case(ctx: RunContext, params: dict[str, Any], batch: int, numerics_cache
     log(f"   {w.name}: {gs['kernels']} kernels, {gs['movement_ops']} movement ops; VTOG {vs['nodes']} nodes, "
         f"{vs['edges']} edges, {vs['candidates']} candidates (capture {t_capture:.1f} s)")
     (ctx.out / "vtog").mkdir(exist_ok=True)
-    atomic.write_json_records(ctx.out / "vtog" / f"{fid}{VTOG_SUFFIX}", {**vtog.to_json(), "written_by": ctx.run})
+    atomic.write_json_records(ctx.out / "vtog" / f"{fid}.json", {**vtog.to_json(), "written_by": ctx.run})
     case = {"case": label, "batch": batch, "id": fid, "workload": w.name, "description": w.description,
             "params": {**full_params, "size": cfg.workload.size}, "dtype": cfg.dtype,
             "graph": {k: gs[k] for k in ("tensors", "ops", "movement_ops", "compute_ops", "kernels",
@@ -1375,7 +1374,7 @@ class Earlier:
     path: Path                       # its summary.json
     summary: dict[str, Any]
     kernels: list[dict[str, Any]]    # its kernels.csv
-    vtogs: dict[str, bytes] = dataclasses.field(default_factory=dict)   # vtog/*.json.gz, which its strategies index
+    vtogs: dict[str, bytes] = dataclasses.field(default_factory=dict)   # vtog/*.json, which its strategies index
 
     @classmethod
     def read(cls, out: Path) -> "Earlier | None":
@@ -1385,7 +1384,7 @@ class Earlier:
         if not path.exists():
             return None
         old = read_summary(path)
-        vtogs = {p.name: p.read_bytes() for p in sorted((out / "vtog").glob(f"*{VTOG_SUFFIX}"))}
+        vtogs = {p.name: p.read_bytes() for p in sorted((out / "vtog").glob("*.json"))}
         kpath = out / "kernels.csv"
         if not kpath.exists() or kpath.stat().st_size == 0:
             return cls(path, old, [], vtogs)
@@ -1414,7 +1413,7 @@ class Earlier:
             summary[k] += [r for r in old.get(k, []) if mine(r)]
         kernel_rows += [r for r in self.kernels if mine(r)]
         # the case's VTOG as the restored strategies index it (this run may have written its own capture's)
-        name = f"{file_id(*key)}{VTOG_SUFFIX}"
+        name = f"{file_id(*key)}.json"
         if name in self.vtogs:
             atomic.write_bytes(self.path.parent / "vtog" / name, self.vtogs[name])
         return True
