@@ -78,7 +78,11 @@ def _align(old: Sequence[tuple], new: Sequence[tuple]) -> dict[int, int]:
 
 def map_implementations(impl: dict[str, str], groups: Sequence[str]) -> dict[str, str] | None:
     """The committed per-group implementations on the rebuilt graph's groups: by name where every name is
-    there; else by op kind (``mm``, ``convolution``...) where each kind had one implementation; else None."""
+    there; else by op kind (``mm``, ``convolution``...) where each kind had one implementation; else None.
+
+    Strategy files list every group's implementation (:meth:`Strategy.to_json`), so a kind with some groups on
+    the template and others not is ambiguous (None).  Files written before that (2026-12-07) list only the
+    groups off the template: matched by kind, the groups they left on it are taken as the kind's listed one."""
     if set(impl) <= set(groups):
         return impl
     by_kind: dict[str, set[str]] = {}

@@ -396,7 +396,10 @@ class Strategy:
                 "eliminated_ops": self.eliminated_ops(),
                 "residual_copies": [{"op": r.op, "dst": r.dst_tensor, "src": r.src_tensor,
                                      "elements": r.elements} for r in self.residuals],
-                **({"implementations": dict(sorted(self.impl.items()))} if self.impl else {})}
+                # every group's, the template's too, once any differs: a reader of the file (or a rebuilt graph
+                # whose groups are renamed, experiments.oracle_accuracy) never has to guess a default
+                **({"implementations": {g: self.implementation(g) for g in sorted(self.graph.groups)}}
+                   if self.impl else {})}
 
     def write_json(self, path: str, run: dict[str, Any] | None = None) -> None:
         """``run``: the command, machine and date of the run that wrote it, stored beside the data."""
