@@ -23,16 +23,17 @@ fi
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/out/inductor-cache VTC_KERNEL_CACHE=$PWD/out/vtc-kernels
 # Autotuning results come back in $OUT/autotune/: Inductor's timings of its GEMM / conv choices (inductor/: its local
 # autotune cache, one JSON per GPU name, Triton and CUDA) and vtcsearch's template choices (vtc-tuning.json, for one
-# GPU, torch, Triton and template source).  Copied to .autotune/ (`cp -r FILES_AT/autotune/. .autotune/`) and
-# carried ([".whl", ".autotune"]), they spare a later call the compiling and timing of every candidate: YOLO11n
-# bs 16 spent 358 of its 452 s in Inductor's benchmarking on an H100, and the machine's caches go with it.  The
-# runner says so in its notes (VTC_REUSED_AUTOTUNE).
+# GPU, torch, Triton and template source).  Merged into the tracked experiments/autotune/
+# (`python -m experiments.autotune FILES_AT/autotune experiments/autotune`), they spare every later call, this
+# session's or a later one's, the compiling and timing of each candidate: YOLO11n bs 16 spent 358 of its 452 s in
+# Inductor's benchmarking on an H100, and the machine's caches go with it.  The runner says so in its notes
+# (VTC_REUSED_AUTOTUNE).
 export VTC_TUNING_FILE=$PWD/out/vtc-tuning.json
-if ls .autotune/inductor/* .autotune/vtc-tuning.json >/dev/null 2>&1; then
+if ls experiments/autotune/inductor/* experiments/autotune/vtc-tuning.json >/dev/null 2>&1; then
   mkdir -p out/inductor-cache/cache
-  cp .autotune/inductor/* out/inductor-cache/cache/ 2>/dev/null
-  cp .autotune/vtc-tuning.json out/ 2>/dev/null
-  export VTC_REUSED_AUTOTUNE="an earlier device call (carried in .autotune/)"
+  cp experiments/autotune/inductor/* out/inductor-cache/cache/ 2>/dev/null
+  cp experiments/autotune/vtc-tuning.json out/ 2>/dev/null
+  export VTC_REUSED_AUTOTUNE="an earlier device call (experiments/autotune/)"
 fi
 save_autotune() {
   mkdir -p "$OUT/autotune/inductor" && cp out/inductor-cache/cache/* "$OUT/autotune/inductor/" 2>/dev/null
