@@ -38,7 +38,8 @@ def merge_file(src: Path, dst: Path) -> None:
             old, new = json.loads(dst.read_text()), json.loads(src.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError):
             old = new = None
-        if isinstance(old, dict) and isinstance(new, dict) and old.get("system", new.get("system")) == new.get("system"):
+        same_system = isinstance(old, dict) and isinstance(new, dict) and old.get("system") == new.get("system")
+        if same_system:
             dst.write_text(json.dumps(merged(old, new), indent=1, sort_keys=True) + "\n")
         else:   # not JSON, or choices made on another system (vtc-tuning.json holds one): the newer file
             dst.unlink()
