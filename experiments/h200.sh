@@ -74,7 +74,9 @@ case "${1:-tests}" in
           # the configuration Inductor's autotuner kept for it (a .best_config beside the kernel's file)
           for b in "${f%.py}".best_config; do [ -f "$b" ] && cp "$b" "$OUT/kernel_src/${k}__$(basename "$b")"; done
         done
-    done ;;
+    done
+    # a call brings back at most 8 files from $OUT: the sources travel as one tarball
+    if [ -d "$OUT/kernel_src" ]; then tar czf "$OUT/kernel_src.tgz" -C "$OUT" kernel_src && rm -rf "$OUT/kernel_src"; fi ;;
   *)       # a runner config, exactly as a user types it: bash experiments/h200.sh llama|vision_blocks|yolo11|...
            # RUNNER_ARGS are passed on (e.g. "--batch 16 --append" to run a config in pieces of < 10 minutes);
            # the output folder comes back as a tarball
