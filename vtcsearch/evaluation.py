@@ -170,12 +170,10 @@ def missing_cases(recs: list[dict[str, Any]], summaries: Sequence[dict[str, Any]
     for key in EXPECTED:
         r = have.get(key)
         what = f"{model_label(key[0], key[1])} bs{key[2]}"
-        stopped = [n for sm in summaries if sm.get("name") == key[0] for n in sm.get("notes") or []
-                   if (m := STOPPED_NOTE.match(n)) and (m["case"], int(m["batch"])) == key[1:]]
-        if r is None and stopped:
-            out.append(f"{what}: attempted; {stopped[-1]}")
-        elif r is None:
-            out.append(f"{what}: not in any folder given")
+        if r is None:
+            stopped = [n for sm in summaries if sm.get("name") == key[0] for n in sm.get("notes") or []
+                       if (m := STOPPED_NOTE.match(n)) and (m["case"], int(m["batch"])) == key[1:]]
+            out.append(f"{what}: attempted; {stopped[-1]}" if stopped else f"{what}: not in any folder given")
         elif r["error"]:
             out.append(f"{what}: the case failed ({r['error']})")
         elif not r["measured"]:
