@@ -1,8 +1,8 @@
 """Keep the autotuning choices device calls bring back, across calls and sessions.
 
-    python -m experiments.autotune FILES_AT/autotune experiments/autotune
+    python -m experiments.autotune FILES_AT/autotune.tgz experiments/autotune
 
-A device call returns what it tuned in ``$OUT/autotune/`` (``experiments/h200.sh``): Inductor's local autotune
+A device call returns what it tuned as ``$OUT/autotune.tgz`` (``experiments/h200.sh``; a folder works too): Inductor's local autotune
 cache (``inductor/``, one JSON per GPU name, Triton and CUDA: its timings of every GEMM and convolution choice)
 and vtcsearch's template choices (``vtc-tuning.json``).  This merges them into the tracked folder, which every
 later call starts from, so a model's baseline is not autotuned again from nothing in each session (YOLO11n bs 16
@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+import tarfile
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +52,12 @@ def merge_file(src: Path, dst: Path) -> None:
 
 
 def merge_tree(src: Path, dst: Path) -> int:
-    """Every file under ``src`` merged into the same path under ``dst``; returns how many."""
+    """Every file under ``src`` (a folder, or a tarball holding ``autotune/``) merged into the same path under
+    ``dst``; returns how many."""
+    if src.is_file():
+        with tempfile.TemporaryDirectory() as tmp, tarfile.open(src) as tar:
+            tar.extractall(tmp, filter="data")
+            return merge_tree(Path(tmp) / "autotune", dst)
     n = 0
     for f in sorted(p for p in src.rglob("*") if p.is_file()):
         merge_file(f, dst / f.relative_to(src))

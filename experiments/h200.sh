@@ -21,10 +21,10 @@ else
   export PYTHONPATH=$PWD
 fi
 export PYTHONUNBUFFERED=1 TORCHINDUCTOR_CACHE_DIR=$PWD/out/inductor-cache VTC_KERNEL_CACHE=$PWD/out/vtc-kernels
-# Autotuning results come back in $OUT/autotune/: Inductor's timings of its GEMM / conv choices (inductor/: its local
+# Autotuning results come back in $OUT/autotune.tgz: Inductor's timings of its GEMM / conv choices (inductor/: its local
 # autotune cache, one JSON per GPU name, Triton and CUDA) and vtcsearch's template choices (vtc-tuning.json, for one
 # GPU, torch, Triton and template source).  Merged into the tracked experiments/autotune/
-# (`python -m experiments.autotune FILES_AT/autotune experiments/autotune`), they spare every later call, this
+# (`python -m experiments.autotune FILES_AT/autotune.tgz experiments/autotune`), they spare every later call, this
 # session's or a later one's, the compiling and timing of each candidate: YOLO11n bs 16 spent 358 of its 452 s in
 # Inductor's benchmarking on an H100, and the machine's caches go with it.  The runner says so in its notes
 # (VTC_REUSED_AUTOTUNE).
@@ -35,9 +35,10 @@ if ls experiments/autotune/inductor/* experiments/autotune/vtc-tuning.json >/dev
   cp experiments/autotune/vtc-tuning.json out/ 2>/dev/null
   export VTC_REUSED_AUTOTUNE="an earlier device call (experiments/autotune/)"
 fi
-save_autotune() {
+save_autotune() {   # one tarball: a call brings back at most 8 files
   mkdir -p "$OUT/autotune/inductor" && cp out/inductor-cache/cache/* "$OUT/autotune/inductor/" 2>/dev/null
-  cp out/vtc-tuning.json "$OUT/autotune/" 2>/dev/null; true
+  cp out/vtc-tuning.json "$OUT/autotune/" 2>/dev/null
+  tar czf "$OUT/autotune.tgz" -C "$OUT" autotune && rm -rf "$OUT/autotune"; true
 }
 trap save_autotune EXIT
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv

@@ -21,3 +21,13 @@ def test_merge_keeps_both_calls_choices_and_never_mixes_systems(tmp_path):
     (new / "vtc-tuning.json").write_text(json.dumps({"system": "H200", "choices": {"k3": 3}}))
     merge_tree(new, old)
     assert json.loads((old / "vtc-tuning.json").read_text()) == {"system": "H200", "choices": {"k3": 3}}
+
+
+def test_merge_reads_the_calls_tarball(tmp_path):
+    import tarfile
+    (tmp_path / "autotune" / "inductor").mkdir(parents=True)
+    (tmp_path / "autotune" / "inductor" / "H100.json").write_text(json.dumps({"cache": {"mm_a": {"t": 1}}}))
+    with tarfile.open(tmp_path / "autotune.tgz", "w:gz") as tar:
+        tar.add(tmp_path / "autotune", arcname="autotune")
+    assert merge_tree(tmp_path / "autotune.tgz", tmp_path / "kept") == 1
+    assert json.loads((tmp_path / "kept" / "inductor" / "H100.json").read_text()) == {"cache": {"mm_a": {"t": 1}}}
