@@ -63,6 +63,7 @@ from vtcsearch.codegen.heads import head_group
 from vtcsearch.codegen.split_k import split_configs
 from vtcsearch.core.expr import Var
 from vtcsearch.core.fusion import Group
+from vtcsearch.core.graph import TensorGraph
 from vtcsearch.core.implementation import INDUCTOR, dense_operands, library_op, library_operands, needs_copy, \
     operand_kind, strided_view_strides
 
@@ -338,10 +339,10 @@ class AnalyticalOracle(CostOracle):
         where max-autotune's GEMM template has fewer tiles than SMs: the Llama QKV projection at batch 16 (M = 16,
         N = 6144) ran at 2.1x its floor there, which the profiling oracle sees and this model does not.
 
-        A convolution's epilogue is a kernel of its own: Inductor's conv kernels (its Triton template, cuDNN)
-        write the product and a pointwise kernel applies the rest (the H200 profiles of YOLO11n and ShuffleNetV2
-        show a conv kernel plus a ``triton_poi_fused_..._convolution`` kernel per group: 249 kernels for 162
-        groups, 132 for 59), while its GEMM template fuses the epilogue (Llama decode: 355 kernels for 385)."""
+        A convolution's epilogue is a kernel of its own where it holds a batch norm
+        (:func:`inductor_fuses_conv_epilogue`): Inductor's conv kernel (its Triton template, cuDNN) writes the
+        product and a pointwise kernel applies the rest (YOLO11n ran 249 kernels for 162 groups, ShuffleNetV2 132
+        for 59); its GEMM template fuses the epilogue (Llama decode: 355 kernels for 385)."""
         hw, g = self.hw, spec.graph
         group = g.groups[spec.unit.kernel]
         ins, outs = dense_operands(g, group, INDUCTOR)
@@ -354,7 +355,7 @@ class AnalyticalOracle(CostOracle):
         t_ep = 0.0
         if group.kind == "conv":
             op = library_op(g, group)
-            if len(group.ops) > 1 and op is not None:
+            if len(group.ops) > 1 and op is not None and not inductor_fuses_conv_epilogue(g, group):
                 prod = sum(g.tensors[t].nbytes for t in op.outputs)   # written by the conv, read by the epilogue
                 t_ep = self._t_dram(2 * prod) + hw.kernel_s
             _, _, t_serial, body = self._body(geo, "triton", dense, 0.0, full, peak)
@@ -389,6 +390,19 @@ class AnalyticalOracle(CostOracle):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "hardware": self.hw.name, "source": self.hw.source, "split_k": self.split_k}
+
+
+def inductor_fuses_conv_epilogue(g: TensorGraph, group: Group) -> bool:
+    """Whether Inductor's convolution template runs the conv group's epilogue in the same kernel: yes unless the
+    epilogue holds a batch norm.  What the H100 profiles of torch.compile max-autotune (2026-12-06/07) show:
+    an activation on the product fuses (ConvNeXt-atto: 12 ``triton_tem_fused_convolution_gelu_..`` calls, 3.2 us
+    each, for its 12 conv + GELU groups; EfficientViT-B1: 22 ``..convolution_hardswish`` template calls beside its
+    18 conv groups whose epilogue has no batch norm), while a batch norm goes to a pointwise kernel of its own
+    (``triton_poi_fused__native_batch_norm_legit_no_training_..``: YOLO11n and ShuffleNetV2, every one of whose
+    conv epilogues has one).  Pricing every convolution as two kernels put ConvNeXt-atto's twelve conv + GELU
+    groups on vtcsearch's template, cutting Inductor's region at each: 0.87x of torch.compile; pricing every
+    one as fused moved YOLO11n's all-Inductor prediction from 0.87x to 0.64x of measured."""
+    return not any("batch_norm" in g.ops[o].target_name for o in group.ops)
 
 
 def affine_head_group(m: Any, strides: Callable[[str], Sequence[int]]) -> int:
