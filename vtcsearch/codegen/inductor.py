@@ -30,7 +30,7 @@ import json
 import math
 import operator
 import os
-from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -39,7 +39,7 @@ from ..core.graph import NOT_FOLDABLE, TensorGraph, folded, kernel_io, step_outp
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy
 from .lowering import Context, Launch, strided_view, substitute
-from .memory import storages_of
+from .memory import step_access, storages_of
 
 if TYPE_CHECKING:
     from ..core.mapping import IndexMap
@@ -75,8 +75,10 @@ def _storage_strides(op: Operand) -> dict[str, tuple[int, ...]]:
 
 
 def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], outs: Sequence[str],
-                 device: torch.device, aliases: Mapping[int, int] | None = None) -> torch.fx.GraphModule:
-    """``ops`` as an FX graph ``(*ins, *outs) -> None`` that copies each output value into its argument.
+                 device: torch.device, aliases: Mapping[int, int] | None = None,
+                 returns: Sequence[str] = ()) -> torch.fx.GraphModule:
+    """``ops`` as an FX graph ``(*ins, *outs) -> returns`` that copies each output value into its argument and
+    returns the values of ``returns`` (:func:`returned_outputs`; None when there are none).
 
     ``aliases``: output position -> input position of the same view of one storage (a buffer the region
     reads and writes back, a KV cache).  Such an output gets no placeholder of its own: its value is copied
@@ -113,7 +115,7 @@ def region_graph(graph: TensorGraph, ops: Sequence[str], ins: Sequence[str], out
             env[t] = fx.call_function(operator.getitem, (new, i))
     for t, d in zip(outs, dst):
         fx.call_function(aten.copy_.default, (d, env[t]))
-    fx.output(None)
+    fx.output(tuple(env[t] for t in returns) if returns else None)
     return torch.fx.GraphModule(torch.nn.Module(), fx)
 
 
@@ -267,6 +269,8 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE, eager: 
         ins = [t for t in ins if t not in generated]
         need = set().union(*generated.values()) - set(ops)
         ops = [*[o for o in g.ops if o in need], *ops]      # in the graph's order
+    returns = [t for t in outs if t in ctx.returned]   # returned whole, not copied into the executable's storage
+    outs = [t for t in outs if t not in ctx.returned]
     pre, post, args = [], [], []
     for t in ins:
         x, gather = _read(ctx, t)
@@ -283,26 +287,32 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE, eager: 
             args.append(y)
         else:
             aliases[k] = j
-    gm = region_graph(g, ops, ins, outs, ctx.device, aliases)
+    gm = region_graph(g, ops, ins, outs, ctx.device, aliases, returns)
     name = steps[0] if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
     if eager:
         for p in pre:
             p()
-        gm(*args)
+        values = gm(*args)
         compiled, retried = gm, ""
     else:
-        compiled, retried = _compile_and_run(gm, args, mode, pre, name)
+        compiled, retried, values = _compile_and_run(gm, args, mode, pre, name)
+
+    def bind(values) -> None:
+        for t, v in zip(returns, values or ()):
+            ctx.bind(t, v)
 
     def run() -> None:
         for p in pre:
             p()
-        compiled(*args)
+        bind(compiled(*args))
         for s in post:
             s()
 
+    bind(values)
     for s in post:
         s()
     note = (f"{len(steps)} steps" + (f", {len(pre)} gathers, {len(post)} scatters" if pre or post else "")
+            + (f", returns {', '.join(returns)}" if returns else "")
             + (f", {len(generated)} inputs computed in the region" if generated else "") + retried)
     launch = Launch(name, "inductor", [], run, note)
     launch.library_copies = sum(x.kernels for x in pre + post)   # type: ignore[attr-defined]
@@ -317,11 +327,12 @@ RETRIES = ({"epilogue_fusion": False, "prologue_fusion": False},)
 
 
 def _compile_and_run(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mode: str, pre: Sequence,
-                     name: str) -> tuple[torch.nn.Module, str]:
+                     name: str) -> tuple[torch.nn.Module, str, Any]:
     """Compile region ``name`` and run it once (the build pass: the first call compiles and autotunes), under
-    :func:`inductor_options`.  Where Inductor itself fails on the region, retry under each of :data:`RETRIES`
-    (the region still runs as Inductor's code, without the fusion that failed), and say so in the step's note;
-    when none compiles, one line names the region and Inductor's error."""
+    :func:`inductor_options`; returns the compiled region, the note of a retry and what the run returned.
+    Where Inductor itself fails on the region, retry under each of :data:`RETRIES` (the region still runs as
+    Inductor's code, without the fusion that failed), and say so in the step's note; when none compiles, one
+    line names the region and Inductor's error."""
     from torch._dynamo.exc import BackendCompilerFailed
     from torch._inductor import config as inductor_config
     base = inductor_options()
@@ -333,12 +344,12 @@ def _compile_and_run(gm: torch.fx.GraphModule, args: Sequence[torch.Tensor], mod
             p()
         try:
             with inductor_config.patch(opts):
-                compiled(*args)
+                values = compiled(*args)
         except BackendCompilerFailed as e:
             first = first or e
             continue
         why = f"; compiled with {extra} (Inductor failed: {_first_line(first)})" if first is not None else ""
-        return compiled, why
+        return compiled, why, values
     raise RuntimeError(f"Inductor cannot compile region {name}: {_first_line(first)}") from first
 
 
@@ -470,6 +481,45 @@ def regions(graph: TensorGraph, strategy: "Strategy", steps: Iterable[str],
     # a run of copies that no inductor group joined stays the copy kernels it was
     return [run for r in out for run in
             ([r] if any(is_region_step(graph, strategy, st) for st in r) else [[st] for st in r])]
+
+
+def returned_outputs(graph: TensorGraph, strategy: "Strategy", runs: Sequence[Sequence[str]],
+                     constants: Iterable[str] = ()) -> frozenset[str]:
+    """Graph outputs an Inductor region returns as its own tensors instead of copying them into a storage of
+    the executable: each a physical tensor that is all of its storage, written by one region that runs per
+    call, read by no step (its own region included, as an input), and neither a graph input nor a buffer.
+
+    A region writes its outputs through an ``aten.copy_`` into the storage the executable gives it, so a value
+    Inductor computes into a buffer of its own and cannot write in place (an extern GEMM's product, then a
+    pointwise epilogue) lives twice at the region's end: Gemma 2 9B's prefill held its 2,000 MiB of logits in
+    the slab beside the LM head's product (4,028 MiB of activations where torch.compile's program holds
+    2,028 MiB).  Returned, the value is the call's output as torch.compile's is, and takes no slab bytes."""
+    constants = set(constants)
+    writers: dict[str, list[int]] = {}
+    readers: dict[str, list[int]] = {}
+    for k, run in enumerate(runs):
+        reads, writes = step_access(graph, strategy, run)
+        for u in writes:
+            writers.setdefault(u, []).append(k)
+        for u in reads:
+            readers.setdefault(u, []).append(k)
+    out = set()
+    for t in dict.fromkeys(graph.outputs):
+        info = graph.tensors[t]
+        m = strategy.resolve(t)
+        if graph.outputs.count(t) > 1 or info.is_graph_input or info.mutable or m.targets() != {t} or \
+                not m.is_identity_layout() or m.numel != math.prod(m.target_shapes[t]):
+            continue
+        if len(writers.get(t, [])) != 1 or readers.get(t):
+            continue
+        run = runs[writers[t][0]]
+        if not any(is_region_step(graph, strategy, st) for st in run) or \
+                (len(run) == 1 and folded(graph, run[0], constants)):
+            continue
+        if any(u != t and t in strategy.resolve(u).targets() for u in graph.outputs):   # another output's view
+            continue
+        out.add(t)
+    return frozenset(out)
 
 
 def is_region_step(graph: TensorGraph, strategy: "Strategy", step: str) -> bool:

@@ -81,9 +81,13 @@ class Context:
 
     def __init__(self, graph: "TensorGraph", operand: Callable[[str], Operand],
                  scratch: Callable[[Sequence[int], torch.dtype], torch.Tensor], device: torch.device,
-                 resolve: Callable[[str], "IndexMap"]):
+                 resolve: Callable[[str], "IndexMap"], returned: frozenset[str] = frozenset(),
+                 bind: Callable[[str, torch.Tensor], None] | None = None):
+        """``returned``: graph outputs an Inductor region returns as its own tensors (no storage of the
+        executable's; :func:`vtcsearch.codegen.inductor.returned_outputs`), handed to ``bind`` at each call."""
         self.graph, self.operand, self.scratch, self.device = graph, operand, scratch, device
         self.resolve = resolve
+        self.returned, self.bind = returned, bind
 
     def dense(self, shape: Sequence[int], dtype: torch.dtype, name: str = "tmp") -> Operand:
         return Operand.dense(self.scratch(shape, dtype), name)

@@ -145,9 +145,10 @@ def copied_inputs(graph: TensorGraph) -> list[str]:
 
 
 def plan(graph: TensorGraph, strategy: "Strategy", runs: Sequence[Sequence[str]],
-         persistent: Iterable[str], outputs: Iterable[str] = ()) -> Plan:
+         persistent: Iterable[str], outputs: Iterable[str] = (), returned: Iterable[str] = ()) -> Plan:
     """Live ranges over ``runs`` (realization's step order); ``persistent``: storages that never share;
-    ``outputs``: storages the caller reads after the call, live from their first write to the last step.
+    ``outputs``: storages the caller reads after the call, live from their first write to the last step;
+    ``returned``: outputs an Inductor region returns as its own tensors, which take no storage here.
 
     The call's dense, unmutated tensor inputs live from the first step (the call copies them in) to their last
     reader.  Other graph inputs and mutable buffers always persist: a step may write only part of them (a KV
@@ -160,9 +161,10 @@ def plan(graph: TensorGraph, strategy: "Strategy", runs: Sequence[Sequence[str]]
                               if (i.is_graph_input or i.mutable) and t not in copied}
     first: dict[str, int] = {t: 0 for t in copied}
     last: dict[str, int] = {t: 0 for t in copied}
+    returned = set(returned)
     for k, run in enumerate(runs):
         reads, writes = step_access(graph, strategy, run)
-        for s in reads | writes:
+        for s in (reads | writes) - returned:
             if s not in first:
                 first[s] = k
                 if s not in writes:

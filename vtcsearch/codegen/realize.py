@@ -41,7 +41,7 @@ from ..core.graph import TensorGraph, constant_tensors, folded
 from ..core.mapping import contiguous_strides
 from .kernels import Operand, copy_pieces
 from .kernels.codecache import interpreting
-from .inductor import is_region_step, lower_inductor, region_io, region_ops, regions
+from .inductor import is_region_step, lower_inductor, region_io, region_ops, regions, returned_outputs
 from .library import has_epilogue, lower_as
 from .lowering import Context, Launch
 from . import layout, memory
@@ -213,17 +213,18 @@ class Executable:
     # -- building -----------------------------------------------------------
     def _build(self) -> None:
         g, s = self.graph, self.strategy
-        ctx = Context(g, self.operand, self._scratch, self.device, s.resolve)
         const = constant_tensors(g)
         runs = regions(g, s, g.steps, const)
+        self.returned = returned_outputs(g, s, runs, const)   # an Inductor region's own tensors, bound per call
+        ctx = Context(g, self.operand, self._scratch, self.device, s.resolve, self.returned, self._bind)
         if layout.enabled():
             self.channels_last = layout.channels_last_storages(g, s, runs)
         if self.reuse_memory:
             keep = (set(self.storages) - set(memory.copied_inputs(g))) | self.in_place   # the module's state
             for t in sorted(const):
                 keep |= set(s.resolve(t).targets())
-            outs = {u for t in g.outputs for u in s.resolve(t).targets()}
-            self.arena = Arena(self.device, memory.plan(g, s, runs, keep, outputs=outs))
+            outs = {u for t in g.outputs for u in s.resolve(t).targets()} - self.returned
+            self.arena = Arena(self.device, memory.plan(g, s, runs, keep, outputs=outs, returned=self.returned))
             for t in g.inputs:   # the inputs the plan shares move into the arena (zeros, as above)
                 if self.arena.shares(t):
                     info = g.tensors[t]
@@ -235,6 +236,15 @@ class Executable:
             what = self.steps[-1].lowering if len(self.steps) > n else "copy"   # folded, or nothing to copy
             self.build_seconds[what] = self.build_seconds.get(what, 0.0) + time.perf_counter() - t0
         self.arena.check()
+
+    def _bind(self, t: str, value: torch.Tensor) -> None:
+        """Output ``t`` of this call is ``value``, a tensor an Inductor region returned (:attr:`returned`), laid
+        out as the graph's output (a copy where Inductor chose other strides)."""
+        info = self.graph.tensors[t]
+        if tuple(value.stride()) != tuple(info.strides):
+            value = torch.empty_strided(info.shape, info.strides, dtype=value.dtype,
+                                        device=value.device).copy_(value)
+        self.storages[t] = value
 
     def _build_step(self, ctx: Context, run: Sequence[str], const: set[str]) -> None:
         """Lower one step of ``runs`` (realization's order) and run it once: an Inductor region, a kernel group
