@@ -531,12 +531,13 @@ def test_an_output_outlives_its_executable():
     assert torch.equal(out, kept) and len(junk) == 256
 
 
-def test_an_inductor_region_returns_the_output_it_computes_whole():
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_an_inductor_region_returns_the_output_it_computes_whole(device):
     """A graph output that an Inductor region computes and nothing reads is the region's own tensor, not copied
     into the slab: an extern GEMM's product and the slab's copy of the soft-capped logits lived side by side
     (Gemma 2 9B's prefill: 4,028 MiB of activations against torch.compile's 2,028).  An output a later step
-    reads still has its storage; the values equal eager's, call after call, and an output kept from one call is
-    not overwritten by the next."""
+    reads still has its storage; the values equal eager's, call after call (on a GPU also replayed from the
+    executable's CUDA graph), and an output kept from one call is not overwritten by the next."""
     import torch.nn as nn
 
     class M(nn.Module):
@@ -550,7 +551,7 @@ def test_an_inductor_region_returns_the_output_it_computes_whole():
             return logits, h
 
     torch.manual_seed(0)
-    m, x = M().eval(), torch.randn(8, 32)
+    m, x = M().eval().to(device), torch.randn(8, 32, device=device)
     g = capture(m, (x,))
     logits, h = g.outputs
     # the norm on vtcsearch's template, the LM head on Inductor: the head's region reads h from its storage
@@ -566,5 +567,9 @@ def test_an_inductor_region_returns_the_output_it_computes_whole():
     assert torch.allclose(first[0], kept) and first[0] is not second[0]
     for got, want in ((second, m(x + 1)), (exe(x), m(x))):
         assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+    if device == "cuda":
+        replay = exe.cuda_graph()
+        for y in (x, x - 1):
+            assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(replay(y), m(y)))
     # the same graph on vtcsearch's templates: nothing is returned, every output has its storage
     assert realize(g, Strategy(build_vtog(g), set()), m).returned == frozenset()
