@@ -297,8 +297,12 @@ def lower_inductor(ctx: Context, steps: Sequence[str], mode: str = MODE, eager: 
     else:
         compiled, retried, values = _compile_and_run(gm, args, mode, pre, name)
 
+    arg_storages = {a.untyped_storage().data_ptr() for a in args}
+
     def bind(values) -> None:
         for t, v in zip(returns, values or ()):
+            if v.untyped_storage().data_ptr() in arg_storages:
+                v = v.clone()    # a view of an argument (an input's bytes, which later steps may reuse)
             ctx.bind(t, v)
 
     def run() -> None:
