@@ -271,6 +271,7 @@ def test_an_inductor_conv_runs_a_batch_norm_epilogue_as_a_kernel_of_its_own():
     for u in with_relu + bare + mm:
         assert rows[u]["t_epilogue"] == 0 and rows[u]["seconds"] == pytest.approx(rows[u]["t_call"])
 
+
 def test_inductor_is_never_priced_above_the_library_it_autotunes_against():
     """max-autotune times cuBLAS / cuDNN among its choices: an Inductor GEMM or conv group costs at most the
     library call and its epilogue.  EfficientViT's depthwise convs were priced above the library's and went to
