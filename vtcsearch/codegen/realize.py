@@ -223,7 +223,7 @@ class Executable:
             keep = (set(self.storages) - set(memory.copied_inputs(g))) | self.in_place   # the module's state
             for t in sorted(const):
                 keep |= set(s.resolve(t).targets())
-            outs = {u for t in g.outputs for u in s.resolve(t).targets()} - self.returned
+            outs = {u for t in g.outputs for u in s.resolve(t).targets()}
             self.arena = Arena(self.device, memory.plan(g, s, runs, keep, outputs=outs, returned=self.returned))
             for t in g.inputs:   # the inputs the plan shares move into the arena (zeros, as above)
                 if self.arena.shares(t):
