@@ -320,6 +320,25 @@ def test_transformers_static_cache_is_a_capture_error_then_works_as_buffers():
     assert m.cache.layers[0].keys.abs().sum() > 0     # eager sees the cache the compiled call wrote
 
 
+def test_a_transformers_model_returning_its_dynamic_cache_says_what_to_do_then_compiles_without():
+    """transformers' decoder models return a DynamicCache unless ``use_cache`` is off (found held-out with OPT,
+    GPT-NeoX, Falcon and StableLM: export's own message asked to register a pytree)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.OPTConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+                                 num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=32)
+    torch.manual_seed(0)
+    m = transformers.OPTModel(cfg).eval()
+    ids = torch.randint(0, 100, (1, 8))
+    with pytest.raises(CaptureError, match="use_cache = False") as e:
+        compiled(m, (ids,))
+    assert "\n" not in str(e.value)
+    m.config.use_cache = False
+    with torch.no_grad():
+        want = m(ids).last_hidden_state
+        got = compiled(m, (ids,))(ids).last_hidden_state
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 def test_transformers_llama_decoder_layer_decode_8b_size():

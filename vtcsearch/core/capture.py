@@ -66,6 +66,10 @@ def export(model: torch.nn.Module, example_inputs: Sequence[Any]) -> torch.expor
         ep = torch.export.export(model.eval(), tuple(example_inputs))
     except Exception as e:  # torch raises many kinds; keep the first line, it names the construct
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "DynamicCache" in first:   # what a transformers model returns by default: say what to do, at once
+            first = ("it returns transformers' DynamicCache (use_cache is on by default), which torch.export "
+                     "cannot return: set model.config.use_cache = False, or keep a StaticCache in module buffers "
+                     "(vtcsearch.core.capture.static_cache_as_buffers) for decoding")
         raise CaptureError(f"torch.export could not trace {type(model).__name__}: {first}") from e
     table = torch.export.default_decompositions()
     for op in movement.REGISTRY.values():
