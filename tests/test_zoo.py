@@ -162,3 +162,13 @@ def test_transformers_llama_prefill_with_every_implementation_matches_eager():
     ref = eager_output(w)
     out, _ = compiled_output(w, solver="ilp", implementations=("inductor", "library", "triton"))
     assert torch.allclose(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_the_held_out_check_reports_a_model_it_compiles(monkeypatch):
+    """``experiments.held_out`` (models outside the zoo) says ok only for a compiled call that matches eager."""
+    pytest.importorskip("transformers")
+    import vtcsearch
+    from experiments import held_out
+    assert held_out.check("hf_distilbert").startswith("hf_distilbert: ok (relative error")
+    monkeypatch.setattr(vtcsearch, "compile", lambda model, inputs: lambda *a: model(*a).last_hidden_state + 1)
+    assert held_out.check("hf_distilbert").startswith("hf_distilbert: WRONG")

@@ -770,7 +770,9 @@ def schedule(g: "TensorGraph", groups: dict[str, Group]) -> list[str]:
     movement op that does not shrink what it reads runs just before the first step that reads it.  The copy then
     sits next to the kernel that reads it, so an Inductor region holds both (a bicubic resize's gathers, exported
     together, each beside its own lerp term), and its output lives no longer than it must.  A slice stays where
-    it was exported: run late, it would keep the larger tensor it reads alive until then."""
+    it was exported: run late, it would keep the larger tensor it reads alive until then.  A buffer's writeback
+    runs as soon as its value and the readers of the buffer's old contents allow
+    (:func:`_writebacks_after_old_readers`)."""
     q, owner = _quotient(g, groups)
     first = {}
     for k, o in enumerate(g.ops):
@@ -796,7 +798,7 @@ def _writebacks_after_old_readers(g: "TensorGraph", q: nx.DiGraph, owner: dict[s
     the schedule then runs as soon as they may.
 
     Export puts every buffer mutation at the end of the program, so a new value (a prefill's K and V) lived
-    from its producer to the last step: 16 MiB per layer of Gemma 2 9B, 672 MiB of its prefill's slab, where
+    from its producer to the last step (each layer's V, 16 MiB, in a Gemma 2 9B prefill of 4096 tokens), where
     torch.compile writes each as soon as it is computed."""
     out: set[str] = set()
     for new_value, buffer in g.mutations.items():
