@@ -396,3 +396,20 @@ def test_an_index_tensor_is_never_made_virtual():
     assert tables and not any(o.tensor in tables for o in v.options)
     fast = compiled(m, (x,), solver="ilp")
     torch.testing.assert_close(fast(x), m(x))
+
+
+def test_triton_imported_before_the_interpreter_is_one_line_that_says_when_to_set_it():
+    """On a CPU, Triton's interpreter must be on before triton.language is imported (transformers, timm and
+    torchvision import it): ``vtcsearch.compile`` refuses in one line instead of failing inside a kernel."""
+    import os
+    import subprocess
+    import sys
+    code = ("import torch, triton.language, vtcsearch\n"
+            "try:\n"
+            "    vtcsearch.compile(torch.nn.Linear(4, 4), (torch.randn(2, 4),))\n"
+            "except RuntimeError as e:\n"
+            "    print('REFUSED', e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    line = next((x for x in r.stdout.splitlines() if x.startswith("REFUSED")), "")
+    assert "set TRITON_INTERPRET=1 in the environment before Python starts" in line, r.stdout + r.stderr[-500:]

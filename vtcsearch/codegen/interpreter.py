@@ -14,6 +14,7 @@ def ensure_interpreter() -> None:
         return
     for mod in ("vtcsearch.codegen.kernels", "triton.language"):   # transformers, torchvision import triton early
         if mod in sys.modules:
-            raise RuntimeError(f"{mod} was imported without TRITON_INTERPRET=1: set it in the environment "
-                               "to realize on the CPU")
+            raise RuntimeError(f"{mod} was imported without TRITON_INTERPRET=1 (transformers, timm and "
+                               "torchvision import triton): set TRITON_INTERPRET=1 in the environment before "
+                               "Python starts to realize on the CPU")
     os.environ["TRITON_INTERPRET"] = "1"
