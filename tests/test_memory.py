@@ -624,4 +624,5 @@ def test_a_buffer_is_written_as_soon_as_its_value_and_its_old_readers_are_done()
     got = exe(x)
     got = got[0] if isinstance(got, (list, tuple)) else got
     assert torch.allclose(got, want, atol=1e-5)
-    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(want_bufs, [b for _, b in sorted(model.named_buffers())]))
+    got_bufs = [b for _, b in sorted(model.named_buffers())]
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(want_bufs, got_bufs))
