@@ -794,8 +794,9 @@ def schedule(g: "TensorGraph", groups: dict[str, Group]) -> list[str]:
 
 def _writebacks_after_old_readers(g: "TensorGraph", q: nx.DiGraph, owner: dict[str, str]) -> set[str]:
     """Each buffer's writeback, as a step of its own, made to follow every step that reads the buffer's old
-    contents (directly or through views of it): an edge in ``q`` for each.  Returned: those writebacks, which
-    the schedule then runs as soon as they may.
+    contents, directly or through any movement op's output (whether that is a copy is the strategy's choice):
+    an edge in ``q`` for each.  Returned: those writebacks, which the schedule then runs as soon as they may.
+    A writeback is a sink (what it writes is read by no step), so no such edge closes a cycle.
 
     Export puts every buffer mutation at the end of the program, so a new value (a prefill's K and V) lived
     from its producer to the last step (each layer's V, 16 MiB, in a Gemma 2 9B prefill of 4096 tokens), where
@@ -805,24 +806,14 @@ def _writebacks_after_old_readers(g: "TensorGraph", q: nx.DiGraph, owner: dict[s
         w = next((o for o in g.tensors[new_value].consumers if g.ops[o].target == "writeback"), None)
         if w is None or owner[w] != w:
             continue
-        if _after_old_readers(g, q, owner, w, buffer):
-            out.add(w)
+        seen, todo = {buffer}, [buffer]
+        while todo:
+            for r in g.tensors[todo.pop()].consumers:
+                if r == w:
+                    continue
+                q.add_edge(owner[r], w)
+                if g.ops[r].kind == "movement" and owner[r] == r:
+                    todo += [t for t in g.ops[r].outputs if t not in seen]
+                    seen.update(g.ops[r].outputs)
+        out.add(w)
     return out
-
-
-def _after_old_readers(g: "TensorGraph", q: nx.DiGraph, owner: dict[str, str], w: str, buffer: str) -> bool:
-    """Add an edge to writeback ``w`` from each step that reads ``buffer`` or a view of it (any movement op's
-    output counts as one: whether it is a copy is the strategy's choice); False, and no more edges, where one
-    such step cannot run before ``w``."""
-    seen, todo = {buffer}, [buffer]
-    while todo:
-        for r in g.tensors[todo.pop()].consumers:
-            if r == w:
-                continue
-            if owner[r] == w or nx.has_path(q, w, owner[r]):
-                return False
-            q.add_edge(owner[r], w)
-            if g.ops[r].kind == "movement" and owner[r] == r:
-                todo += [t for t in g.ops[r].outputs if t not in seen]
-                seen.update(g.ops[r].outputs)
-    return True
